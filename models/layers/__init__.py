@@ -1,0 +1,18 @@
+"""Trunk building blocks: attention, feed-forwards, MoE, adaLN-Zero conditioning."""
+
+from models.layers.attention import Attention, apply_rope, rope_tables
+from models.layers.conditioning import AdaLNZero, modulate
+from models.layers.mlp import Mlp, SwiGLU
+from models.layers.moe import MoE, load_balancing_loss
+
+__all__ = [
+    "AdaLNZero",
+    "Attention",
+    "Mlp",
+    "MoE",
+    "SwiGLU",
+    "apply_rope",
+    "load_balancing_loss",
+    "modulate",
+    "rope_tables",
+]

@@ -1,0 +1,87 @@
+"""Causal language model: token embedding -> causal trunk (RoPE) -> LM head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.config import TrunkConfig
+from models.layers import rope_tables
+from models.trunk import Trunk
+
+
+class LanguageModel(nn.Module):
+    """A decoder-only transformer over the shared trunk.
+
+    Args:
+        trunk: trunk shape and norm scheme (``mlp="swiglu"``, ``moe_experts > 0`` for MoE).
+        vocab_size: tokenizer vocabulary size.
+        max_seq_len: longest sequence RoPE tables are built for.
+        tie_embeddings: share the input embedding with the output head.
+        rope_base: RoPE base frequency.
+    """
+
+    def __init__(
+        self,
+        trunk: TrunkConfig,
+        vocab_size: int,
+        max_seq_len: int = 2048,
+        tie_embeddings: bool = False,
+        rope_base: float = 10000.0,
+    ) -> None:
+        super().__init__()
+        if vocab_size <= 0:
+            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+        self.cfg, self.vocab_size, self.max_seq_len = trunk, vocab_size, max_seq_len
+        self.embed = nn.Embedding(vocab_size, trunk.dim)
+        self.trunk = Trunk(trunk)
+        self.head = nn.Linear(trunk.dim, vocab_size, bias=False)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+        cos, sin = rope_tables(max_seq_len, trunk.dim // trunk.num_heads, rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        nn.init.normal_(self.embed.weight, std=trunk.init_std)
+        if not tie_embeddings:
+            nn.init.normal_(self.head.weight, std=trunk.init_std)
+
+    def forward(
+        self, idx: Tensor, return_aux: bool = False, skip_blocks: frozenset[int] = frozenset()
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Next-token logits ``(B, N, V)`` for token ids ``(B, N)`` (and the MoE aux loss)."""
+        hidden, aux = self.forward_features(idx, skip_blocks)
+        logits = self.head(hidden)
+        return (logits, aux) if return_aux else logits
+
+    def forward_features(
+        self, idx: Tensor, skip_blocks: frozenset[int] = frozenset()
+    ) -> tuple[Tensor, Tensor]:
+        """Trunk output ``(B, N, D)`` and the auxiliary loss."""
+        if idx.shape[1] > self.max_seq_len:
+            raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len {self.max_seq_len}")
+        return self.trunk(
+            self.embed(idx),
+            rope=(self.rope_cos, self.rope_sin),
+            is_causal=True,
+            return_aux=True,
+            skip_blocks=skip_blocks,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
+    ) -> Tensor:
+        """Samples ``max_new_tokens`` continuations of ``idx`` (``temperature=0`` is greedy)."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.max_seq_len :])[:, -1]  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

@@ -1,0 +1,30 @@
+"""Norm schemes: one registered class per normalization placement (DESIGN.md section 3)."""
+
+from models.schemes import hyper, single_stream, two_stream  # noqa: F401  (registers every scheme)
+from models.schemes.base import (
+    SCHEMES,
+    DualStream,
+    NormScheme,
+    Readout,
+    Scheme,
+    SchemeOptions,
+    Site,
+    State,
+    TwoStream,
+    get_scheme,
+    register,
+)
+
+__all__ = [
+    "SCHEMES",
+    "DualStream",
+    "NormScheme",
+    "Readout",
+    "Scheme",
+    "SchemeOptions",
+    "Site",
+    "State",
+    "TwoStream",
+    "get_scheme",
+    "register",
+]

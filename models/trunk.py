@@ -1,0 +1,199 @@
+"""The shared transformer trunk: ``(B, N, D) -> (B, N, D)`` under any norm scheme.
+
+A block is two residual sublayers, attention then MLP. Each sublayer asks its scheme site for the
+branch input and hands the branch output back; adaLN-Zero conditioning (DiT) wraps the branch::
+
+    inp, state = site.prepare(state)               # scheme: which norms, which streams
+    inp = modulate(inp, shift, scale)              # conditioned only
+    out = gate * F(inp)                            # conditioned only: gate; F = attn or MLP
+    state = site.update(state, drop_path(out))     # scheme: how the streams absorb it
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from timm.layers import DropPath
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from models.config import TrunkConfig
+from models.layers import AdaLNZero, Attention, Mlp, MoE, SwiGLU, modulate
+from models.schemes import Scheme, Site, State, get_scheme
+
+
+def build_ffn(cfg: TrunkConfig) -> nn.Module:
+    """The MLP sublayer: dense GELU / SwiGLU, or a SwiGLU mixture of experts."""
+    if cfg.moe_experts:
+        hidden = cfg.moe_hidden or cfg.hidden
+        return MoE(cfg.dim, hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_normalize_topk)
+    if cfg.mlp == "swiglu":
+        return SwiGLU(cfg.dim, cfg.hidden, bias=cfg.bias)
+    return Mlp(cfg.dim, cfg.hidden, bias=cfg.bias, approximate="tanh" if cfg.mlp == "gelu_tanh" else "none")
+
+
+class Block(nn.Module):
+    """One transformer block: attention and MLP sublayers, each behind a scheme site."""
+
+    def __init__(self, cfg: TrunkConfig, index: int, conditioned: bool = False, drop_path: float = 0.0):
+        super().__init__()
+        scheme = get_scheme(cfg.norm_scheme)
+
+        def site(s: int, kind: str) -> Site:
+            return Site(
+                cfg.dim, s, cfg.depth, kind, cfg.norm_layer, cfg.norm_eps, conditioned, cfg.scheme_options
+            )
+
+        self.attn_res: Scheme = scheme(site(2 * index, "attn"))
+        self.attn = Attention(
+            cfg.dim,
+            cfg.num_heads,
+            cfg.bias,
+            cfg.qk_norm,
+            scheme.qkv_norm,
+            cfg.norm_layer,
+            cfg.norm_eps,
+            cfg.attn_drop,
+        )
+        self.mlp_res: Scheme = scheme(site(2 * index + 1, "mlp"))
+        self.mlp = build_ffn(cfg)
+        self.is_moe = bool(cfg.moe_experts)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.adaLN = AdaLNZero(cfg.dim, 6) if conditioned else None
+
+    def forward(
+        self,
+        state: State,
+        cond: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        is_causal: bool = False,
+    ) -> tuple[State, Tensor]:
+        """Returns the new state and this block's auxiliary loss (MoE load balancing, else 0)."""
+        mods = self.adaLN(cond) if self.adaLN is not None else (None,) * 6
+        inp, state = self.attn_res.prepare(state)
+        out = self.attn(self._modulate(inp, mods[0], mods[1]), rope=rope, is_causal=is_causal)
+        state = self.attn_res.update(state, self._gate(out, mods[2]))
+
+        inp, state = self.mlp_res.prepare(state)
+        out = self.mlp(self._modulate(inp, mods[3], mods[4]))
+        out, aux = out if self.is_moe else (out, out.new_zeros(()))
+        state = self.mlp_res.update(state, self._gate(out, mods[5]))
+        return state, aux
+
+    @staticmethod
+    def _modulate(x: Tensor, shift: Tensor | None, scale: Tensor | None) -> Tensor:
+        return x if shift is None else modulate(x, shift, scale)
+
+    def _gate(self, out: Tensor, gate: Tensor | None) -> Tensor:
+        return self.drop_path(out if gate is None else gate * out)
+
+
+class Trunk(nn.Module):
+    """L blocks under one norm scheme, plus the scheme's readout. No embeddings, no heads.
+
+    Args:
+        cfg: shape and scheme.
+        conditioned: adaLN-Zero mode (DiT): ``forward`` then needs ``cond`` of shape ``(B, D)``.
+    """
+
+    def __init__(self, cfg: TrunkConfig, conditioned: bool = False) -> None:
+        super().__init__()
+        self.cfg, self.conditioned = cfg, conditioned
+        self.scheme = get_scheme(cfg.norm_scheme)
+        rates = [cfg.drop_path * b / max(cfg.depth - 1, 1) for b in range(cfg.depth)]  # grows with depth
+        self.blocks = nn.ModuleList(Block(cfg, b, conditioned, rates[b]) for b in range(cfg.depth))
+        readout_site = Site(
+            cfg.dim,
+            2 * cfg.depth,
+            cfg.depth,
+            "readout",
+            cfg.norm_layer,
+            cfg.norm_eps,
+            conditioned,
+            cfg.scheme_options,
+        )
+        self.readout = self.scheme.readout(readout_site)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Every init decision of the trunk, in one place.
+
+        1. Linear weights: trunc-normal / normal with ``init_std``, or xavier-uniform; biases zero.
+        2. GPT-2 recipe (``scaled_output_init``): residual output projections get ``std / sqrt(2L)``.
+        3. The scheme's branch gain (DeepNorm's beta) scales value, attention-output and MLP weights.
+        4. Norm scales start at 1 and shifts at 0 (their own defaults); adaLN-Zero layers stay zero.
+        """
+        cfg = self.cfg
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                if cfg.init == "xavier":
+                    nn.init.xavier_uniform_(module.weight)
+                elif cfg.init == "normal":
+                    nn.init.normal_(module.weight, std=cfg.init_std)
+                else:
+                    nn.init.trunc_normal_(module.weight, std=cfg.init_std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        gain = self.scheme.branch_init_gain(cfg.depth)
+        out_gain = gain / math.sqrt(2 * cfg.depth) if cfg.scaled_output_init else gain
+        for block in self.blocks:
+            block.attn.qkv.weight[2 * cfg.dim :].mul_(gain)  # the value third of the fused QKV
+            block.attn.proj.weight.mul_(out_gain)
+            ffn = block.mlp
+            if isinstance(ffn, MoE):
+                ffn.w_in.mul_(gain)
+                ffn.w_out.mul_(out_gain)
+            else:
+                ffn.fc1.weight.mul_(gain)
+                ffn.fc2.weight.mul_(out_gain)
+            if block.adaLN is not None:
+                nn.init.zeros_(block.adaLN.net[1].weight)
+                nn.init.zeros_(block.adaLN.net[1].bias)
+
+    def forward(
+        self,
+        h: Tensor,
+        cond: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        is_causal: bool = False,
+        return_aux: bool = False,
+        skip_blocks: frozenset[int] = frozenset(),
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Runs the blocks and the readout.
+
+        Args:
+            h: embedded tokens, ``(B, N, D)``.
+            cond: conditioning vector ``(B, D)``; required iff the trunk is conditioned.
+            rope: rotary tables from :func:`models.layers.rope_tables`, or None.
+            is_causal: causal attention mask (LM).
+            return_aux: also return the summed auxiliary loss (MoE load balancing).
+            skip_blocks: block indices to skip (layer-pruning sensitivity).
+        """
+        if (cond is None) == self.conditioned:
+            raise ValueError("cond is required for a conditioned trunk and must be None otherwise")
+        state, aux = self.forward_state(h, cond, rope, is_causal, skip_blocks)
+        out = self.readout(state)
+        return (out, aux) if return_aux else out
+
+    def forward_state(
+        self,
+        h: Tensor,
+        cond: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        is_causal: bool = False,
+        skip_blocks: frozenset[int] = frozenset(),
+    ) -> tuple[State, Tensor]:
+        """The final residual state (before the readout) and the summed auxiliary loss."""
+        state = self.scheme.init_state(h)
+        aux = h.new_zeros((), dtype=torch.float32)
+        for b, block in enumerate(self.blocks):
+            if b in skip_blocks:
+                continue
+            if self.cfg.activation_checkpointing and self.training:
+                state, block_aux = checkpoint(block, state, cond, rope, is_causal, use_reentrant=False)
+            else:
+                state, block_aux = block(state, cond, rope, is_causal)
+            aux = aux + block_aux
+        return state, aux
