@@ -82,9 +82,7 @@ class TrunkConfig:
         if not 0.0 <= self.mix_ratio <= 1.0:
             raise ValueError(f"mix_ratio must be in [0, 1], got {self.mix_ratio}")
         if self.moe_experts < 0 or (self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts):
-            raise ValueError(
-                f"moe_top_k {self.moe_top_k} must be in [1, moe_experts] (moe_experts={self.moe_experts})"
-            )
+            raise ValueError(f"moe_top_k {self.moe_top_k} must be in [1, moe_experts] (moe_experts={self.moe_experts})")
 
     @property
     def hidden(self) -> int:

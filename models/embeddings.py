@@ -25,9 +25,7 @@ def sincos_2d(dim: int, grid_size: int) -> Tensor:
     return torch.cat([sincos_1d(dim // 2, w), sincos_1d(dim // 2, h)], dim=1).float()
 
 
-def timestep_frequencies(
-    t: Tensor, dim: int = 256, max_period: float = 10000.0, freq_shift: int = 0
-) -> Tensor:
+def timestep_frequencies(t: Tensor, dim: int = 256, max_period: float = 10000.0, freq_shift: int = 0) -> Tensor:
     """Sinusoidal timestep features ``[cos(t w), sin(t w)]``, ``w_i = max_period^(-i/(dim/2 - freq_shift))``.
 
     ``freq_shift=0`` is the official DiT; ``freq_shift=1`` is diffusers' ``Timesteps(downscale_freq_shift=1)``.

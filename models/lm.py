@@ -54,9 +54,7 @@ class LanguageModel(nn.Module):
         logits = self.head(hidden)
         return (logits, aux) if return_aux else logits
 
-    def forward_features(
-        self, idx: Tensor, skip_blocks: frozenset[int] = frozenset()
-    ) -> tuple[Tensor, Tensor]:
+    def forward_features(self, idx: Tensor, skip_blocks: frozenset[int] = frozenset()) -> tuple[Tensor, Tensor]:
         """Trunk output ``(B, N, D)`` and the auxiliary loss."""
         if idx.shape[1] > self.max_seq_len:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len {self.max_seq_len}")
@@ -69,9 +67,7 @@ class LanguageModel(nn.Module):
         )
 
     @torch.no_grad()
-    def generate(
-        self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
-    ) -> Tensor:
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
         """Samples ``max_new_tokens`` continuations of ``idx`` (``temperature=0`` is greedy)."""
         for _ in range(max_new_tokens):
             logits = self(idx[:, -self.max_seq_len :])[:, -1]  # (B, V)

@@ -36,14 +36,12 @@ def get_norm_layer(norm: str | type[nn.Module] | functools.partial) -> NormFacto
         except ValueError:
             valid = ", ".join(n.value for n in NormLayer)
             raise ValueError(f"unknown norm_layer {norm!r}; valid: {valid}") from None
-    if isinstance(norm, functools.partial) or isinstance(norm, type):
+    if isinstance(norm, (functools.partial, type)):
         return norm
     raise TypeError(f"norm_layer must be a name, a class or a partial, got {type(norm).__name__}")
 
 
-def build_norm(
-    norm: str | type[nn.Module] | functools.partial, dim: int, eps: float, affine: bool = True
-) -> nn.Module:
+def build_norm(norm: str | type[nn.Module] | functools.partial, dim: int, eps: float, affine: bool = True) -> nn.Module:
     """One fresh norm instance over the last dimension (``affine=False`` drops weight and bias)."""
     factory = get_norm_layer(norm)
     if factory is nn.LayerNorm:

@@ -35,77 +35,27 @@ class Preset:
     paper_params: float | None = None  # what the paper reports, in parameters
 
 
+# fmt: off
 PRESETS: dict[str, Preset] = {
-    # --- language modeling -------------------------------------------------------------------------
-    "lm-1.3b": Preset(
-        "lm",
-        dict(dim=2048, depth=16, num_heads=16, mlp_hidden=8192, **_LM),
-        dict(vocab_size=50304, max_seq_len=4096),
-        1.28e9,
-    ),  # noqa: E501
-    "lm-390m-d10": Preset(
-        "lm", dict(dim=1280, depth=10, num_heads=10, mlp_hidden=5120, **_LM), dict(vocab_size=50304), 3.9e8
-    ),  # noqa: E501
-    "lm-390m-d17": Preset(
-        "lm", dict(dim=1024, depth=17, num_heads=8, mlp_hidden=4096, **_LM), dict(vocab_size=50304), 3.9e8
-    ),  # noqa: E501
-    "lm-390m-d33": Preset(
-        "lm", dict(dim=768, depth=33, num_heads=6, mlp_hidden=3072, **_LM), dict(vocab_size=50304), 3.9e8
-    ),  # noqa: E501
-    "lm-390m-d80": Preset(
-        "lm", dict(dim=512, depth=80, num_heads=4, mlp_hidden=2048, **_LM), dict(vocab_size=50304), 3.9e8
-    ),  # noqa: E501
-    "lm-moe-15a2b": Preset(
-        "lm",
-        dict(dim=2048, depth=16, num_heads=16, moe_experts=64, moe_top_k=8, moe_hidden=2304, **_LM),
-        dict(vocab_size=50304, max_seq_len=4096),
-        15e9,
-    ),  # noqa: E501
-    "lm-tiny": Preset(
-        "lm",
-        dict(dim=128, depth=4, num_heads=4, mlp_hidden=512, **_LM),
-        dict(vocab_size=256, max_seq_len=256),
-    ),  # noqa: E501
-    "lm-moe-tiny": Preset(
-        "lm",
-        dict(dim=128, depth=4, num_heads=4, moe_experts=8, moe_top_k=2, moe_hidden=256, **_LM),
-        dict(vocab_size=256, max_seq_len=256),
-    ),  # noqa: E501
-    # --- ViT classification (DeiT) -----------------------------------------------------------------
-    "deit-tiny": Preset(
-        "vit",
-        dict(dim=192, depth=12, num_heads=3, **_VIT),
-        dict(img_size=224, patch_size=16, num_classes=1000),
-        5.7e6,
-    ),  # noqa: E501
-    "deit-small": Preset(
-        "vit",
-        dict(dim=384, depth=12, num_heads=6, **_VIT),
-        dict(img_size=224, patch_size=16, num_classes=1000),
-        22e6,
-    ),  # noqa: E501
-    "vit-tiny": Preset(
-        "vit", dict(dim=128, depth=6, num_heads=4, **_VIT), dict(img_size=32, patch_size=4, num_classes=10)
-    ),  # noqa: E501
-    # --- latent DiT --------------------------------------------------------------------------------
-    "dit-b2": Preset(
-        "dit",
-        dict(dim=768, depth=12, num_heads=12, **_DIT),
-        dict(input_size=32, patch_size=2, num_classes=1000),
-        130e6,
-    ),  # noqa: E501
-    "dit-l4": Preset(
-        "dit",
-        dict(dim=1024, depth=24, num_heads=16, **_DIT),
-        dict(input_size=32, patch_size=4, num_classes=1000),
-        458e6,
-    ),  # noqa: E501
-    "dit-tiny": Preset(
-        "dit",
-        dict(dim=128, depth=4, num_heads=4, **_DIT),
-        dict(input_size=8, patch_size=2, in_channels=4, num_classes=10),
-    ),  # noqa: E501
+    # --- language modeling ----------------------------------------------------------------------------------
+    "lm-1.3b":      Preset("lm", dict(dim=2048, depth=16, num_heads=16, mlp_hidden=8192, **_LM), dict(vocab_size=50304, max_seq_len=4096), 1.28e9),
+    "lm-390m-d10":  Preset("lm", dict(dim=1280, depth=10, num_heads=10, mlp_hidden=5120, **_LM), dict(vocab_size=50304), 3.9e8),
+    "lm-390m-d17":  Preset("lm", dict(dim=1024, depth=17, num_heads=8, mlp_hidden=4096, **_LM), dict(vocab_size=50304), 3.9e8),
+    "lm-390m-d33":  Preset("lm", dict(dim=768, depth=33, num_heads=6, mlp_hidden=3072, **_LM), dict(vocab_size=50304), 3.9e8),
+    "lm-390m-d80":  Preset("lm", dict(dim=512, depth=80, num_heads=4, mlp_hidden=2048, **_LM), dict(vocab_size=50304), 3.9e8),
+    "lm-moe-15a2b": Preset("lm", dict(dim=2048, depth=16, num_heads=16, moe_experts=64, moe_top_k=8, moe_hidden=2304, **_LM), dict(vocab_size=50304, max_seq_len=4096), 15e9),
+    "lm-tiny":      Preset("lm", dict(dim=128, depth=4, num_heads=4, mlp_hidden=512, **_LM), dict(vocab_size=256, max_seq_len=256)),
+    "lm-moe-tiny":  Preset("lm", dict(dim=128, depth=4, num_heads=4, moe_experts=8, moe_top_k=2, moe_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=256)),
+    # --- ViT classification (DeiT) --------------------------------------------------------------------------
+    "deit-tiny":    Preset("vit", dict(dim=192, depth=12, num_heads=3, **_VIT), dict(img_size=224, patch_size=16, num_classes=1000), 5.7e6),
+    "deit-small":   Preset("vit", dict(dim=384, depth=12, num_heads=6, **_VIT), dict(img_size=224, patch_size=16, num_classes=1000), 22e6),
+    "vit-tiny":     Preset("vit", dict(dim=128, depth=6, num_heads=4, **_VIT), dict(img_size=32, patch_size=4, num_classes=10)),
+    # --- latent DiT -----------------------------------------------------------------------------------------
+    "dit-b2":       Preset("dit", dict(dim=768, depth=12, num_heads=12, **_DIT), dict(input_size=32, patch_size=2, num_classes=1000), 130e6),
+    "dit-l4":       Preset("dit", dict(dim=1024, depth=24, num_heads=16, **_DIT), dict(input_size=32, patch_size=4, num_classes=1000), 458e6),
+    "dit-tiny":     Preset("dit", dict(dim=128, depth=4, num_heads=4, **_DIT), dict(input_size=8, patch_size=2, num_classes=10)),
 }
+# fmt: on
 
 _NETWORKS: dict[Task, type[nn.Module]] = {"lm": LanguageModel, "vit": ViTClassifier, "dit": DiT}
 
@@ -143,6 +93,5 @@ def main() -> None:
     for name, preset in PRESETS.items():
         model = build_preset(name)
         paper = f"{preset.paper_params / 1e6:,.1f}M" if preset.paper_params else "-"
-        print(
-            f"{name:<14} {preset.task:<4} {count_params(model):>14,} {count_params(model, active=True):>14,} {paper:>10}"
-        )
+        total, active = count_params(model), count_params(model, active=True)
+        print(f"{name:<14} {preset.task:<4} {total:>14,} {active:>14,} {paper:>10}")

@@ -41,9 +41,7 @@ class Block(nn.Module):
         scheme = get_scheme(cfg.norm_scheme)
 
         def site(s: int, kind: str) -> Site:
-            return Site(
-                cfg.dim, s, cfg.depth, kind, cfg.norm_layer, cfg.norm_eps, conditioned, cfg.scheme_options
-            )
+            return Site(cfg.dim, s, cfg.depth, kind, cfg.norm_layer, cfg.norm_eps, conditioned, cfg.scheme_options)
 
         self.attn_res: Scheme = scheme(site(2 * index, "attn"))
         self.attn = Attention(

@@ -61,9 +61,7 @@ class Attention(nn.Module):
         self.v_norm = build_norm(norm_layer, self.head_dim, norm_eps) if qkv_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=bias)
 
-    def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, is_causal: bool = False
-    ) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, is_causal: bool = False) -> Tensor:
         B, N, D = x.shape
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # (B, H, N, Dh) each
