@@ -1,0 +1,1 @@
+"""Lightning tasks, the CLI, and the tools that compare norm schemes (sweep, analyses)."""

@@ -1,0 +1,75 @@
+"""Causal language modeling: cross-entropy, perplexity, MoE auxiliary loss, text generation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+from torchmetrics.text import Perplexity
+
+from experiments.optim import OptimConfig
+from experiments.task import TaskModule
+from models import LanguageModel, TrunkConfig
+
+
+class LanguageModeling(TaskModule):
+    """Next-token prediction over the shared trunk (dense or MoE).
+
+    Args:
+        trunk: trunk shape and norm scheme.
+        optim: optimizer and schedule.
+        vocab_size: linked from the DataModule's tokenizer.
+        seq_len: linked from the DataModule; RoPE tables cover it.
+        tie_embeddings: share input and output embeddings.
+        moe_aux_weight: weight of the load-balancing loss (MoE trunks only).
+        max_new_tokens: tokens generated per prompt by ``predict``.
+        temperature: sampling temperature for ``predict`` (0 is greedy).
+        top_k: sample only from the k most likely tokens.
+    """
+
+    task = "lm"
+    key_metric = "val/ppl"
+
+    def __init__(
+        self,
+        trunk: TrunkConfig,
+        optim: OptimConfig,
+        vocab_size: int = 256,
+        seq_len: int = 128,
+        tie_embeddings: bool = False,
+        moe_aux_weight: float = 0.01,
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int | None = 40,
+    ) -> None:
+        super().__init__(trunk, optim)
+        self.save_hyperparameters()
+        self.net = LanguageModel(trunk, vocab_size, max_seq_len=seq_len, tie_embeddings=tie_embeddings)
+        self.moe_aux_weight = moe_aux_weight if trunk.moe_experts else 0.0
+        self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
+        self.ppl = torch.nn.ModuleDict({s: Perplexity() for s in ("val", "test")})
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.net(idx)
+
+    def model_step(self, batch: Tensor, split: str) -> Tensor:
+        inputs, targets = batch[:, :-1], batch[:, 1:]  # (B, N) each
+        logits, aux = self.net(inputs, return_aux=True)  # (B, N, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        if split == "train":
+            self.log("train/loss", loss, prog_bar=True)
+            if self.moe_aux_weight:
+                self.log("train/moe_aux", aux)
+            return loss + self.moe_aux_weight * aux
+        self.losses[split].update(loss, weight=targets.numel())
+        self.ppl[split].update(logits.float(), targets)
+        self.log(f"{split}/loss", self.losses[split], prog_bar=True)
+        self.log(f"{split}/ppl", self.ppl[split], prog_bar=split == "val")
+        return loss
+
+    def predict_step(self, batch: Tensor, batch_idx: int) -> list[str]:
+        """Continues each prompt (token ids ``(1, N)`` from the DataModule) and returns the text."""
+        out = self.net.generate(batch, self.hparams.max_new_tokens, self.hparams.temperature, self.hparams.top_k)
+        tokenizer = self.trainer.datamodule.tokenizer
+        return [tokenizer.decode(row.tolist()) for row in out]
