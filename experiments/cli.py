@@ -37,6 +37,9 @@ class SuiteCLI(LightningCLI):
             ("data.seq_len", "model.init_args.seq_len"),
             ("data.num_classes", "model.init_args.num_classes"),
             ("data.image_size", "model.init_args.img_size"),
+            ("data.latent_size", "model.init_args.latent_size"),
+            ("data.latent_channels", "model.init_args.latent_channels"),
+            ("data.vae_path", "model.init_args.vae_path"),
         ]:
             parser.link_arguments(source, target, apply_on="instantiate")
 

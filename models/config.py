@@ -24,6 +24,8 @@ class TrunkConfig:
         norm_scheme: where the norms sit; one of :class:`models.schemes.NormScheme`.
         norm_layer: "layernorm" or "rmsnorm".
         norm_eps: epsilon of every norm.
+        mlp_norm_eps: epsilon of the MLP sublayer's norms only; None means ``norm_eps`` (diffusers' DiT
+            uses 1e-5 there and 1e-6 elsewhere).
         qk_norm: per-head QK-norm in attention (independent of the scheme).
         bias: biases in attention and MLP projections.
         drop_path: stochastic-depth rate, linearly increasing over blocks up to this value.
@@ -49,6 +51,7 @@ class TrunkConfig:
     norm_scheme: str = "pre"
     norm_layer: str = "layernorm"
     norm_eps: float = 1e-6
+    mlp_norm_eps: float | None = None
     qk_norm: bool = False
     bias: bool = True
     drop_path: float = 0.0

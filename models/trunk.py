@@ -41,7 +41,8 @@ class Block(nn.Module):
         scheme = get_scheme(cfg.norm_scheme)
 
         def site(s: int, kind: str) -> Site:
-            return Site(cfg.dim, s, cfg.depth, kind, cfg.norm_layer, cfg.norm_eps, conditioned, cfg.scheme_options)
+            eps = cfg.mlp_norm_eps if kind == "mlp" and cfg.mlp_norm_eps is not None else cfg.norm_eps
+            return Site(cfg.dim, s, cfg.depth, kind, cfg.norm_layer, eps, conditioned, cfg.scheme_options)
 
         self.attn_res: Scheme = scheme(site(2 * index, "attn"))
         self.attn = Attention(

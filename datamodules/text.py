@@ -1,0 +1,244 @@
+"""TextDataModule: causal-LM batches of fixed-length token windows from pre-tokenized shards.
+
+    source ("embedded" | text file/dir | shard dir)
+        --prepare_data-->  data_dir/<corpus>-<tokenizer><vocab>-<hash>/{train,val,test}.bin + meta.json
+        --setup-------->   TokenWindows over each split (np.memmap)
+        --dataloaders-->   LongTensor (B, seq_len + 1); the model uses [:, :-1] as input, [:, 1:] as target
+
+Training windows are random starts (`RandomWindowSampler`, seeded by (seed, epoch));
+validation and test use a fixed set of evenly spaced windows, so their loss is comparable
+across runs and schemes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from datamodules.shards import (
+    FORMAT_VERSION,
+    ShardMeta,
+    check_fractions,
+    has_shards,
+    load_shard_tokenizer,
+    prepare_text_shards,
+    read_meta,
+)
+from datamodules.text_corpus import embedded_corpus_name
+from datamodules.tokenizers import ByteTokenizer, TextTokenizer, check_bpe_vocab_size, check_kind
+from datamodules.windows import RandomWindowSampler, TokenWindows, eval_window_starts
+
+__all__ = ["RandomWindowSampler", "TextDataModule"]
+
+
+def _positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name}={value} must be a positive integer")
+
+
+class TextDataModule(L.LightningDataModule):
+    """Causal language-modeling data over an offline corpus.
+
+    Args:
+        source: "embedded" (KJV Bible, or pydoc topics when `bible` is absent), a UTF-8 text file,
+            a directory of .txt/.md files, or a directory already holding shards and meta.json.
+        data_dir: Where prepared shards are cached, one subdirectory per (source, tokenizer, split).
+        tokenizer: "byte" (vocab 256) or "bpe" (byte-level BPE trained on the training text).
+        bpe_vocab_size: BPE vocabulary size, also the model's vocab_size when tokenizer="bpe".
+        seq_len: Context length; batches hold seq_len + 1 tokens per row.
+        batch_size: Rows per batch.
+        num_workers: DataLoader worker processes.
+        val_fraction: Fraction of tokens (the part after train) used for validation.
+        test_fraction: Fraction of tokens (the tail) used for test.
+        train_samples_per_epoch: Random windows per training epoch (an "epoch" is this many rows).
+        eval_samples: Maximum number of fixed validation/test windows.
+        seed: Seed of the training-window draw (combined with the epoch).
+    """
+
+    def __init__(
+        self,
+        source: str = "embedded",
+        data_dir: str = "data/text",
+        tokenizer: Literal["byte", "bpe"] = "byte",
+        bpe_vocab_size: int = 4096,
+        seq_len: int = 128,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        train_samples_per_epoch: int = 20000,
+        eval_samples: int = 256,
+        seed: int = 1234,
+    ) -> None:
+        super().__init__()
+        check_kind(tokenizer)
+        if tokenizer == "bpe":
+            check_bpe_vocab_size(bpe_vocab_size)
+        _positive("seq_len", seq_len)
+        _positive("batch_size", batch_size)
+        _positive("train_samples_per_epoch", train_samples_per_epoch)
+        _positive("eval_samples", eval_samples)
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
+        check_fractions(val_fraction, test_fraction)
+        if train_samples_per_epoch < batch_size:
+            raise ValueError(
+                f"train_samples_per_epoch={train_samples_per_epoch} is below batch_size={batch_size}; "
+                "an epoch would hold no full batch"
+            )
+        self.save_hyperparameters()
+        self.source = source
+        self.data_dir = Path(data_dir)
+        self.tokenizer_kind = tokenizer
+        self.bpe_vocab_size = bpe_vocab_size
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.train_samples_per_epoch = train_samples_per_epoch
+        self.eval_samples = eval_samples
+        self.seed = seed
+
+        self._is_shard_source = source != "embedded" and has_shards(source)
+        self._meta: ShardMeta | None = None
+        self._tokenizer: TextTokenizer | None = ByteTokenizer() if tokenizer == "byte" else None
+        if self._is_shard_source:
+            self._check_meta(read_meta(source))
+        self.train_dataset: TokenWindows | None = None
+        self.val_dataset: Subset[torch.Tensor] | None = None
+        self.test_dataset: Subset[torch.Tensor] | None = None
+        self.train_sampler: RandomWindowSampler | None = None
+
+    # ----------------------------------------------------------------------------------- properties
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the model's token-id space (256 for bytes, bpe_vocab_size for BPE)."""
+        return 256 if self.tokenizer_kind == "byte" else self.bpe_vocab_size
+
+    @property
+    def corpus_name(self) -> str:
+        """Corpus name: "bible-kjv", "pydoc-topics", or the stem of the user's file/directory."""
+        if self._meta is not None:
+            return self._meta.corpus
+        if self.source == "embedded":
+            return embedded_corpus_name()
+        if self._is_shard_source:
+            return read_meta(self.source).corpus
+        return Path(self.source).resolve().stem or "corpus"
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The tokenizer behind the ids (encode prompts, decode samples)."""
+        if self._tokenizer is None:
+            if not has_shards(self.shard_dir):
+                raise RuntimeError("tokenizer='bpe' is trained by prepare_data(); call prepare_data() first")
+            self._tokenizer = load_shard_tokenizer(self.shard_dir)
+        return self._tokenizer
+
+    @property
+    def shard_dir(self) -> Path:
+        """The shard directory used: the source itself, or a cache entry under data_dir."""
+        if self._is_shard_source:
+            return Path(self.source)
+        return self.data_dir / self._cache_key()
+
+    def _cache_key(self) -> str:
+        """Readable prefix plus a hash of everything that changes the shard contents."""
+        name = embedded_corpus_name() if self.source == "embedded" else Path(self.source).resolve().stem
+        origin = self.source if self.source == "embedded" else str(Path(self.source).resolve())
+        keyed = [origin, name, self.tokenizer_kind, self.vocab_size, self.val_fraction, self.test_fraction]
+        digest = hashlib.sha1(json.dumps(keyed + [FORMAT_VERSION]).encode()).hexdigest()[:10]
+        return f"{_slug(name)}-{self.tokenizer_kind}{self.vocab_size}-{digest}"
+
+    def _check_meta(self, meta: ShardMeta) -> None:
+        """Refuses shards made with another tokenizer or vocab than this module is configured for."""
+        if meta.tokenizer != self.tokenizer_kind or meta.vocab_size != self.vocab_size:
+            wanted = "tokenizer=byte" if meta.tokenizer == "byte" else f"tokenizer=bpe bpe_vocab_size={meta.vocab_size}"
+            raise ValueError(
+                f"shards in {str(self.shard_dir)!r} were made with tokenizer={meta.tokenizer} "
+                f"vocab_size={meta.vocab_size}, but the datamodule has tokenizer={self.tokenizer_kind} "
+                f"vocab_size={self.vocab_size}; set {wanted}"
+            )
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def prepare_data(self) -> None:
+        """Tokenizes the source into shards once; an existing cache entry is reused as is."""
+        if self._is_shard_source or has_shards(self.shard_dir):
+            return
+        prepare_text_shards(
+            self.source,
+            self.shard_dir,
+            tokenizer=self.tokenizer_kind,
+            vocab_size=self.bpe_vocab_size,
+            val_fraction=self.val_fraction,
+            test_fraction=self.test_fraction,
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        """Opens the shards of the splits `stage` needs and fixes the evaluation windows."""
+        directory = self.shard_dir
+        self._meta = read_meta(directory)
+        self._check_meta(self._meta)
+        self._tokenizer = load_shard_tokenizer(directory, self._meta)
+        dtype = self._meta.dtype
+        if stage in (None, "fit"):
+            self.train_dataset = TokenWindows(directory / "train.bin", dtype, self.seq_len)
+            self.train_sampler = RandomWindowSampler(len(self.train_dataset), self.train_samples_per_epoch, self.seed)
+        if stage in (None, "fit", "validate"):
+            self.val_dataset = self._eval_windows(directory / "val.bin", dtype)
+        if stage in (None, "test", "predict"):
+            self.test_dataset = self._eval_windows(directory / "test.bin", dtype)
+
+    def _eval_windows(self, path: Path, dtype: str) -> Subset[torch.Tensor]:
+        windows = TokenWindows(path, dtype, self.seq_len)
+        starts = eval_window_starts(windows.num_tokens, self.seq_len, self.eval_samples)
+        return Subset(windows, starts.tolist())
+
+    # ---------------------------------------------------------------------------------- dataloaders
+
+    def _loader(self, dataset: torch.utils.data.Dataset, **kwargs: object) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),  # page-locked host memory speeds up H2D copies
+            persistent_workers=self.num_workers > 0,  # keep workers (and their memmaps) between epochs
+            **kwargs,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None or self.train_sampler is None:
+            raise RuntimeError("call setup('fit') before train_dataloader()")
+        # drop_last keeps every step at (batch_size, seq_len + 1), friendly to torch.compile
+        return self._loader(self.train_dataset, sampler=self.train_sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        if self.val_dataset is None:
+            raise RuntimeError("call setup('fit') or setup('validate') before val_dataloader()")
+        return self._loader(self.val_dataset, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        if self.test_dataset is None:
+            raise RuntimeError("call setup('test') before test_dataloader()")
+        return self._loader(self.test_dataset, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test windows (predict = per-window scores or continuations on held-out text)."""
+        if self.test_dataset is None:
+            raise RuntimeError("call setup('predict') before predict_dataloader()")
+        return self._loader(self.test_dataset, shuffle=False)
+
+
+def _slug(name: str) -> str:
+    """A filesystem-safe, readable name fragment."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:40] or "corpus"

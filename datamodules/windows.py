@@ -1,0 +1,127 @@
+"""Fixed-length token windows over a memory-mapped shard, and how they are chosen.
+
+A window starting at s holds seq_len + 1 tokens; the model reads [:-1] and predicts [1:]:
+
+    tokens   ... t[s] t[s+1] ... t[s+L-1] t[s+L] ...
+    input        [---------- L ----------]
+    target            [---------- L ----------]
+
+Training draws starts uniformly at random (`RandomWindowSampler`, reproducible per (seed, epoch));
+evaluation uses a fixed set of evenly spaced, non-overlapping starts (`eval_window_starts`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+
+class TokenWindows(Dataset[torch.Tensor]):
+    """Windows of seq_len + 1 tokens from a flat token file; index = window start.
+
+    The memory map is opened lazily in each process (never pickled), so worker processes
+    share the page cache instead of copying the array.
+
+    Args:
+        path: A flat token file (e.g. train.bin).
+        dtype: Its on-disk dtype ("uint16" or "uint32").
+        seq_len: Model context length; each item has seq_len + 1 tokens.
+    """
+
+    def __init__(self, path: str | Path, dtype: str, seq_len: int) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.seq_len = seq_len
+        self.num_tokens = self.path.stat().st_size // self.dtype.itemsize
+        self._tokens: np.ndarray | None = None
+        if self.num_tokens < seq_len + 1:
+            raise ValueError(
+                f"{str(self.path)!r} holds {self.num_tokens} tokens, fewer than seq_len+1={seq_len + 1}; "
+                "use a larger corpus, a larger split fraction or a smaller seq_len"
+            )
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        return self._tokens
+
+    def __len__(self) -> int:
+        """Number of valid window starts."""
+        return self.num_tokens - self.seq_len
+
+    def __getitem__(self, start: int) -> torch.Tensor:
+        if not 0 <= start < len(self):
+            raise IndexError(f"window start {start} outside [0, {len(self)})")
+        window = self.tokens[start : start + self.seq_len + 1]
+        return torch.from_numpy(window.astype(np.int64))  # (seq_len + 1,)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tokens"] = None  # reopen in the worker rather than pickling the whole array
+        return state
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """A well-mixed 63-bit generator seed for (seed, epoch); neighbouring epochs are unrelated."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+class RandomWindowSampler(Sampler[int]):
+    """Yields `num_samples` window starts drawn uniformly (with replacement) from [0, num_starts).
+
+    The draw depends only on (seed, epoch): Lightning calls `set_epoch` before every epoch
+    (and forwards it through its distributed wrapper), so a run is reproducible and every epoch
+    sees fresh windows.
+
+    Args:
+        num_starts: Number of valid starts (len of the `TokenWindows`).
+        num_samples: Starts per epoch.
+        seed: Base seed.
+    """
+
+    def __init__(self, num_starts: int, num_samples: int, seed: int = 0) -> None:
+        if num_starts <= 0:
+            raise ValueError(f"num_starts={num_starts} must be positive")
+        if num_samples <= 0:
+            raise ValueError(f"num_samples={num_samples} must be positive")
+        self.num_starts = num_starts
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        starts = torch.randint(0, self.num_starts, (self.num_samples,), generator=generator)
+        return iter(starts.tolist())
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+
+
+def eval_window_starts(num_tokens: int, seq_len: int, max_windows: int) -> np.ndarray:
+    """Evenly spaced, non-overlapping window starts covering a split end to end.
+
+    Uses min(max_windows, (num_tokens - 1) // seq_len) windows; the first starts at 0 and the
+    last ends at the final token. Consecutive windows share at most their boundary token.
+    """
+    if num_tokens < seq_len + 1:
+        raise ValueError(f"split holds {num_tokens} tokens, fewer than seq_len+1={seq_len + 1}")
+    count = max(1, min(max_windows, (num_tokens - 1) // seq_len))
+    last = num_tokens - seq_len - 1
+    return np.round(np.linspace(0, last, count)).astype(np.int64)

@@ -1,0 +1,91 @@
+"""The diffusion math that is ours: the CFG sampling loop and the learned-variance VLB term.
+
+Noise schedules and the per-step updates come from diffusers (``DDPMScheduler``, ``DDIMScheduler``);
+diffusers' DiTPipeline hard-codes 1000 classes, so the loop over timesteps lives here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler
+from torch import Tensor
+
+from models import DiT
+
+SAMPLERS = ("ddpm", "ddim")
+
+
+def make_scheduler(kind: str, num_train_timesteps: int, beta_schedule: str, learn_sigma: bool):
+    """A diffusers scheduler with DiT's training schedule (linear betas 1e-4..2e-2 over 1000 steps)."""
+    common = dict(num_train_timesteps=num_train_timesteps, beta_schedule=beta_schedule, clip_sample=False)
+    if kind == "ddpm":
+        return DDPMScheduler(**common, variance_type="learned_range" if learn_sigma else "fixed_small")
+    if kind == "ddim":
+        return DDIMScheduler(**common, set_alpha_to_one=False)
+    raise ValueError(f"unknown sampler {kind!r}; valid: {', '.join(SAMPLERS)}")
+
+
+def guided_prediction(net: DiT, x: Tensor, t: Tensor, labels: Tensor, guidance: float) -> Tensor:
+    """The model output used for one sampling step; classifier-free guidance when ``guidance != 1``.
+
+    The guided branch runs ``[x, x]`` with ``[labels, null]`` through :meth:`DiT.forward_with_cfg`.
+    """
+    if guidance == 1.0:
+        return net(x, t, labels)
+    null = torch.full_like(labels, net.num_classes)
+    out = net.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, null]), guidance)
+    return out[: len(x)]
+
+
+@torch.no_grad()
+def sample_latents(
+    net: DiT,
+    scheduler,
+    labels: Tensor,
+    latent_shape: tuple[int, int, int],
+    steps: int,
+    guidance: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Ancestral (DDPM) or deterministic (DDIM) sampling from pure noise: ``(B, C, h, w)`` latents."""
+    scheduler.set_timesteps(steps)
+    x = torch.randn((len(labels), *latent_shape), generator=generator, device=labels.device)
+    learned = getattr(scheduler.config, "variance_type", None) == "learned_range"
+    for t in scheduler.timesteps:
+        out = guided_prediction(net, x, t.expand(len(x)).to(labels.device), labels, guidance)
+        out = out if learned else out[:, : latent_shape[0]]  # drop predicted variance where unused
+        x = scheduler.step(out, t, x, generator=generator).prev_sample
+    return x
+
+
+def _normal_kl(mean1: Tensor, logvar1: Tensor, mean2: Tensor, logvar2: Tensor) -> Tensor:
+    return 0.5 * (-1.0 + logvar2 - logvar1 + torch.exp(logvar1 - logvar2) + (mean1 - mean2) ** 2 * torch.exp(-logvar2))
+
+
+def vlb_term(scheduler: DDPMScheduler, x0: Tensor, xt: Tensor, t: Tensor, eps: Tensor, var_out: Tensor) -> Tensor:
+    """Improved-DDPM's variational bound for the learned variance (per sample, in bits per dim).
+
+    The mean comes from the (detached) epsilon prediction, so this term trains only the variance,
+    as in ADM/DiT; ``var_out`` in [-1, 1] interpolates log-variance between the posterior's and beta_t.
+    """
+    ac = scheduler.alphas_cumprod.to(x0.device)
+    betas = scheduler.betas.to(x0.device)
+    a_t = ac[t].view(-1, 1, 1, 1)
+    a_prev = torch.where(t > 0, ac[(t - 1).clamp(min=0)], torch.ones_like(t, dtype=ac.dtype)).view(-1, 1, 1, 1)
+    beta_t = betas[t].view(-1, 1, 1, 1)
+    post_var = beta_t * (1 - a_prev) / (1 - a_t)
+    # ADM clips the log posterior variance at t = 0 (where it is 0) to its value at t = 1.
+    var_1 = betas[1] * (1 - ac[0]) / (1 - ac[1])
+    post_logvar = torch.log(torch.where(t.view(-1, 1, 1, 1) == 0, var_1, post_var))
+    true_mean = (a_prev.sqrt() * beta_t / (1 - a_t)) * x0 + ((1 - beta_t).sqrt() * (1 - a_prev) / (1 - a_t)) * xt
+    frac = (var_out + 1) / 2
+    model_logvar = frac * torch.log(beta_t) + (1 - frac) * post_logvar
+    pred_x0 = (xt - (1 - a_t).sqrt() * eps.detach()) / a_t.sqrt()
+    model_mean = (a_prev.sqrt() * beta_t / (1 - a_t)) * pred_x0 + ((1 - beta_t).sqrt() * (1 - a_prev) / (1 - a_t)) * xt
+    kl = _normal_kl(true_mean, post_logvar, model_mean, model_logvar).mean(dim=(1, 2, 3)) / math.log(2.0)
+    # t = 0: Gaussian negative log-likelihood of x0 under the decoder (continuous data: latents).
+    nll = 0.5 * (model_logvar + (x0 - model_mean) ** 2 / model_logvar.exp() + math.log(2 * math.pi))
+    nll = nll.mean(dim=(1, 2, 3)) / math.log(2.0)
+    return torch.where(t == 0, nll, kl)

@@ -1,0 +1,47 @@
+"""Real images FID compares against: the embedded test split, or an ImageFolder, as uint8 batches."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+
+def _source_of(datamodule) -> tuple[str, int]:
+    """(source, image side) of the images behind a latent DataModule."""
+    source = str(getattr(datamodule, "source_name", "embedded"))
+    image_size = int(getattr(datamodule, "image_size_of_source", 0) or getattr(datamodule, "source_image_size", 0))
+    if not image_size:
+        raise ValueError("the latent cache does not record the image size it was encoded at")
+    return source, image_size
+
+
+def reference_stats_path(datamodule, backend: str, num_images: int) -> Path:
+    """``data/fid_stats/<source>-<size>px-<backend>-<n>.npz``: computed once per dataset."""
+    source, size = _source_of(datamodule)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source).strip("_")
+    return Path("data/fid_stats") / f"{slug}-{size}px-{backend}-{num_images}.npz"
+
+
+def reference_batches(datamodule, num_images: int, batch_size: int) -> Iterator[torch.Tensor]:
+    """Yields up to ``num_images`` real images as uint8 ``(B, 3, H, W)`` at the VAE's resolution."""
+    source, size = _source_of(datamodule)
+    if Path(source).is_dir():
+        from torchvision import transforms as T
+        from torchvision.datasets import ImageFolder
+
+        tf = T.Compose([T.Resize(size), T.CenterCrop(size), T.PILToTensor()])
+        data = ImageFolder(source, transform=tf)
+        for i in range(0, min(num_images, len(data)), batch_size):
+            idx = range(i, min(i + batch_size, num_images, len(data)))
+            yield torch.stack([data[j][0] for j in idx])
+        return
+    from datamodules.images import load_embedded_images, resize_uint8
+
+    arrays = load_embedded_images("test")  # held-out real images of the embedded set
+    images = torch.from_numpy(arrays.images[:num_images]).unsqueeze(1).expand(-1, 3, -1, -1)
+    images = resize_uint8(images.contiguous(), size)
+    for i in range(0, len(images), batch_size):
+        yield images[i : i + batch_size]
