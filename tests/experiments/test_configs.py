@@ -1,0 +1,100 @@
+"""Every shipped YAML parses; every task config x every norm overlay composes; big presets match the paper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.cli import SuiteCLI
+from models import TrunkConfig, count_params
+from models.dit import DiT
+from models.lm import LanguageModel
+from models.schemes import NormScheme
+from models.vit import ViTClassifier
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK_CONFIGS = sorted(
+    str(p.relative_to(ROOT)) for p in ROOT.glob("configs/*/*.yaml") if p.parent.name in ("lm", "vit", "dit")
+)
+OVERLAYS = {"configs/lm/moe-tiny.yaml": "configs/lm/tiny.yaml"}  # overlays stack on a base config
+
+
+class ParseOnlyCLI(SuiteCLI):
+    """Parses and links like the real CLI but instantiates nothing (big configs would allocate GBs)."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+def parse(*configs: str, extra: tuple[str, ...] = ()):
+    args = []
+    for cfg in configs:
+        args += ["-c", str(ROOT / cfg)]
+    return ParseOnlyCLI(args=[*args, *extra], run=False).config
+
+
+def configs_for(path: str) -> tuple[str, ...]:
+    return (OVERLAYS[path], path) if path in OVERLAYS else (path,)
+
+
+def test_every_yaml_is_valid_yaml():
+    for path in ROOT.glob("configs/**/*.yaml"):
+        assert isinstance(yaml.safe_load(path.read_text()), dict), path
+
+
+@pytest.mark.parametrize("scheme", [s.value for s in NormScheme])
+@pytest.mark.parametrize("task_config", TASK_CONFIGS)
+def test_task_config_with_norm_overlay_parses(task_config: str, scheme: str):
+    config = parse(*configs_for(task_config), f"configs/norm/{scheme}.yaml")
+    trunk = TrunkConfig(**config.model.init_args.trunk)
+    assert trunk.norm_scheme == scheme
+    # The overlay changed the scheme and nothing else of the trunk.
+    base = TrunkConfig(**parse(*configs_for(task_config)).model.init_args.trunk)
+    assert {**base.to_dict(), "norm_scheme": scheme} == trunk.to_dict()
+
+
+def _network(config):
+    init = config.model.init_args
+    trunk = TrunkConfig(**init.trunk)
+    task = config.model.class_path.rsplit(".", 1)[-1]
+    import torch
+
+    with torch.device("meta"):
+        if task == "LanguageModeling":
+            vocab = (
+                init.get("vocab_size")
+                if config.data.init_args.tokenizer == "byte"
+                else config.data.init_args.bpe_vocab_size
+            )
+            return LanguageModel(
+                trunk, 256 if config.data.init_args.tokenizer == "byte" else vocab, init.get("seq_len") or 128
+            )
+        if task == "ImageClassification":
+            return ViTClassifier(trunk, 224, init.patch_size, 3, 1000)
+        return DiT(trunk, 32, init.patch_size, 4, 1000, learn_sigma=init.learn_sigma)
+
+
+@pytest.mark.parametrize(
+    "path, low, high",
+    [
+        ("configs/lm/olmo-1b.yaml", 1.2e9, 1.35e9),
+        ("configs/lm/depth-d10.yaml", 380e6, 395e6),
+        ("configs/lm/depth-d17.yaml", 380e6, 395e6),
+        ("configs/lm/depth-d33.yaml", 380e6, 395e6),
+        ("configs/lm/depth-d80.yaml", 380e6, 395e6),
+        ("configs/lm/moe-15a2b.yaml", 14e9, 16e9),
+        ("configs/vit/deit-tiny.yaml", 5.6e6, 5.8e6),
+        ("configs/vit/deit-small.yaml", 21.5e6, 22.5e6),
+        ("configs/dit/dit-b2.yaml", 129e6, 132e6),
+        ("configs/dit/dit-l4.yaml", 455e6, 461e6),
+    ],
+)
+def test_paper_configs_build_paper_sizes(path: str, low: float, high: float):
+    n = count_params(_network(parse(path)))
+    assert low <= n <= high, f"{path}: {n:,} parameters"
+
+
+def test_norm_overlays_cover_every_scheme():
+    assert {p.stem for p in (ROOT / "configs/norm").glob("*.yaml")} == {s.value for s in NormScheme}
