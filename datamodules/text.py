@@ -60,6 +60,10 @@ class TextDataModule(L.LightningDataModule):
         train_samples_per_epoch: Random windows per training epoch (an "epoch" is this many rows).
         eval_samples: Maximum number of fixed validation/test windows.
         seed: Seed of the training-window draw (combined with the epoch).
+        prompts: texts ``predict`` continues; None uses the first ``prompt_len`` tokens of the
+            first ``num_prompts`` test windows.
+        num_prompts: how many test-window prompts when ``prompts`` is None.
+        prompt_len: tokens per test-window prompt.
     """
 
     def __init__(
@@ -76,6 +80,9 @@ class TextDataModule(L.LightningDataModule):
         train_samples_per_epoch: int = 20000,
         eval_samples: int = 256,
         seed: int = 1234,
+        prompts: list[str] | None = None,
+        num_prompts: int = 4,
+        prompt_len: int = 32,
     ) -> None:
         super().__init__()
         check_kind(tokenizer)
@@ -106,6 +113,7 @@ class TextDataModule(L.LightningDataModule):
         self.train_samples_per_epoch = train_samples_per_epoch
         self.eval_samples = eval_samples
         self.seed = seed
+        self.prompts, self.num_prompts, self.prompt_len = prompts, num_prompts, prompt_len
 
         self._is_shard_source = source != "embedded" and has_shards(source)
         self._meta: ShardMeta | None = None
@@ -233,10 +241,17 @@ class TextDataModule(L.LightningDataModule):
         return self._loader(self.test_dataset, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
-        """The test windows (predict = per-window scores or continuations on held-out text)."""
+        """Prompts as token ids ``(1, N)``, one per batch: the given texts or test-window openings."""
         if self.test_dataset is None:
             raise RuntimeError("call setup('predict') before predict_dataloader()")
-        return self._loader(self.test_dataset, shuffle=False)
+        if self.prompts:
+            ids = [torch.tensor(self.tokenizer.encode(p), dtype=torch.long) for p in self.prompts]
+            if any(len(i) == 0 for i in ids):
+                raise ValueError("an empty prompt in data.prompts; give at least one character")
+        else:
+            n = min(self.num_prompts, len(self.test_dataset))
+            ids = [self.test_dataset[i][: self.prompt_len] for i in range(n)]
+        return DataLoader(ids, batch_size=1, shuffle=False)
 
 
 def _slug(name: str) -> str:

@@ -29,8 +29,9 @@ class SuiteCLI(LightningCLI):
         parser.add_argument("--runs_root", type=str, default="runs", help="where run directories are made")
         parser.add_argument("--experiment", type=str | None, default=None, help="defaults to the first config's name")
         parser.add_argument("--run_name", type=str | None, default=None, help="defaults to the norm scheme")
-        parser.add_class_arguments(RunSummary, "summary")
-        parser.add_class_arguments(DivergenceDetector, "divergence")
+        # Callbacks every run gets, configurable as --summary.* / --divergence.*
+        parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(DivergenceDetector, "divergence")
         # Values only the data knows, linked into every task that takes them.
         for source, target in [
             ("data.vocab_size", "model.init_args.vocab_size"),
@@ -61,13 +62,6 @@ class SuiteCLI(LightningCLI):
                 "default_hp_metric": False,
             },
         }
-
-    def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        extra = [config.summary, config.divergence]
-        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + extra
-        return super().instantiate_trainer(**kwargs)
-
 
 def _has_omegaconf() -> bool:
     try:

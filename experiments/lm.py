@@ -69,7 +69,11 @@ class LanguageModeling(TaskModule):
         return loss
 
     def predict_step(self, batch: Tensor, batch_idx: int) -> list[str]:
-        """Continues each prompt (token ids ``(1, N)`` from the DataModule) and returns the text."""
+        """Continues each prompt (token ids ``(1, N)`` from the DataModule); prints and returns the text."""
         out = self.net.generate(batch, self.hparams.max_new_tokens, self.hparams.temperature, self.hparams.top_k)
         tokenizer = self.trainer.datamodule.tokenizer
-        return [tokenizer.decode(row.tolist()) for row in out]
+        texts = [tokenizer.decode(row.tolist()) for row in out]
+        for prompt, text in zip(batch, texts, strict=True):
+            head = tokenizer.decode(prompt.tolist())
+            print(f"--- sample {batch_idx}\n[{head}]{text[len(head):]}", flush=True)
+        return texts

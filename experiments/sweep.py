@@ -148,10 +148,12 @@ def run_one(run: Run, spec: SweepSpec, sweep_dir: Path, index: int, total: int) 
     with log.open("w") as fh:
         code = subprocess.call(run.argv(spec), stdout=fh, stderr=subprocess.STDOUT, env=env)
         if code == 0 and spec.test:
-            ckpt_dir = sweep_dir / name / "checkpoints"
-            ckpt = ckpt_dir / "last.ckpt" if (ckpt_dir / "last.ckpt").exists() else None
-            test_argv = run.argv(spec, "test") + ([f"--ckpt_path={ckpt}"] if ckpt else [])
-            code = subprocess.call(test_argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            ckpts = sorted((sweep_dir / name / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+            if ckpts:  # the newest checkpoint (last.ckpt is written after the best one)
+                test_argv = run.argv(spec, "test") + [f"--ckpt_path={ckpts[-1]}"]
+                code = subprocess.call(test_argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            else:
+                print(f"[{index}/{total}] {name}: no checkpoint to test", flush=True)
     status = json.loads(summary.read_text()).get("status", "?") if summary.exists() else "crashed"
     if code != 0 and status not in DONE:
         status = "crashed"

@@ -1,0 +1,93 @@
+"""The language-modeling task end to end through the real CLI, on the embedded corpus (tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.cli import main
+from models.schemes import NormScheme
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "--model.init_args.trunk.dim=32",
+    "--model.init_args.trunk.depth=2",
+    "--model.init_args.trunk.num_heads=2",
+    "--model.init_args.trunk.mlp_hidden=64",
+    "--data.init_args.seq_len=32",
+    "--data.init_args.batch_size=8",
+    "--data.init_args.eval_samples=16",
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("text")
+
+
+def run(sub: str, runs: Path, data_dir: Path, *extra: str, scheme: str = "pre") -> None:
+    main(
+        [
+            sub,
+            "-c", str(ROOT / "configs/lm/tiny.yaml"),
+            "-c", str(ROOT / f"configs/norm/{scheme}.yaml"),
+            f"--runs_root={runs}",
+            f"--data.init_args.data_dir={data_dir}",
+            "--trainer.enable_progress_bar=false",
+            *TINY,
+            *extra,
+        ]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", [s.value for s in NormScheme])
+def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, data_dir: Path):
+    run("fit", tmp_path, data_dir, "--trainer.fast_dev_run=2", scheme=scheme)
+
+
+def test_moe_fast_dev_run_logs_aux_loss(tmp_path: Path, data_dir: Path):
+    main(
+        ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / "configs/lm/moe-tiny.yaml"),
+         f"--runs_root={tmp_path}", f"--data.init_args.data_dir={data_dir}", "--trainer.fast_dev_run=2",
+         "--trainer.enable_progress_bar=false", *TINY, "--model.init_args.trunk.moe_hidden=32"]
+    )  # fmt: skip
+
+
+def _summary(runs: Path, name: str) -> dict:
+    return json.loads((runs / "lm" / "tiny" / name / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_fit_writes_run_dir_learns_and_tests_from_checkpoint(tmp_path: Path, data_dir: Path, capsys):
+    steps = ["--trainer.max_steps=40", "--trainer.val_check_interval=20", "--model.init_args.optim.warmup_steps=5"]
+    run("fit", tmp_path, data_dir, *steps, "--trainer.log_every_n_steps=5", "--summary.log_every_n_steps=5",
+        scheme="siamese")  # fmt: skip
+    run_dir = tmp_path / "lm" / "tiny" / "siamese"
+    assert (run_dir / "config.yaml").is_file()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    summary = _summary(tmp_path, "siamese")
+    assert summary["status"] == "finished" and summary["steps"] == 40 and summary["scheme"] == "siamese"
+    first, last = summary["train_curve"][0][1], summary["train_curve"][-1][1]
+    assert last < first - 0.5, summary["train_curve"]  # byte-level loss starts near ln(256) = 5.5
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    run("test", tmp_path, data_dir, f"--ckpt_path={ckpt}", scheme="siamese")
+    test = _summary(tmp_path, "siamese")["test"]
+    assert torch.isclose(torch.tensor(test["test/ppl"]), torch.tensor(test["test/loss"]).exp(), rtol=1e-4)
+    capsys.readouterr()
+    run("predict", tmp_path, data_dir, f"--ckpt_path={ckpt}", "--model.init_args.max_new_tokens=8",
+        "--data.init_args.prompts=[In the beginning]", scheme="siamese")  # fmt: skip
+    assert "[In the beginning]" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_same_seed_gives_same_losses(tmp_path: Path, data_dir: Path):
+    args = ["--trainer.max_steps=6", "--trainer.val_check_interval=3", "--summary.log_every_n_steps=1"]
+    run("fit", tmp_path / "a", data_dir, *args)
+    run("fit", tmp_path / "b", data_dir, *args)
+    curve_a = json.loads((tmp_path / "a/lm/tiny/pre/summary.json").read_text())["train_curve"]
+    curve_b = json.loads((tmp_path / "b/lm/tiny/pre/summary.json").read_text())["train_curve"]
+    assert len(curve_a) >= 5 and curve_a == curve_b
