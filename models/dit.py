@@ -90,7 +90,8 @@ class DiT(nn.Module):
         """Classifier-free guidance on a batch whose second half repeats the first with null labels.
 
         ``eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond)`` on the first ``in_channels``
-        channels; the learned-variance channels are passed through from the conditional half.
+        channels (copied to both halves); the learned-variance channels are left as each half
+        predicted them, as in the official DiT.
         """
         half = x[: len(x) // 2]
         out = self(torch.cat([half, half]), t, y)

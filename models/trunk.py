@@ -125,16 +125,24 @@ class Trunk(nn.Module):
         4. Norm scales start at 1 and shifts at 0 (their own defaults); adaLN-Zero layers stay zero.
         """
         cfg = self.cfg
+
+        def init_matrix(w: Tensor) -> None:  # (out, in), or (E, in, out) for MoE experts
+            if cfg.init == "xavier":
+                for m in w.view(-1, *w.shape[-2:]):
+                    nn.init.xavier_uniform_(m)
+            elif cfg.init == "normal":
+                nn.init.normal_(w, std=cfg.init_std)
+            else:
+                nn.init.trunc_normal_(w, std=cfg.init_std)
+
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                if cfg.init == "xavier":
-                    nn.init.xavier_uniform_(module.weight)
-                elif cfg.init == "normal":
-                    nn.init.normal_(module.weight, std=cfg.init_std)
-                else:
-                    nn.init.trunc_normal_(module.weight, std=cfg.init_std)
+                init_matrix(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, MoE):
+                init_matrix(module.w_in)
+                init_matrix(module.w_out)
         gain = self.scheme.branch_init_gain(cfg.depth)
         out_gain = gain / math.sqrt(2 * cfg.depth) if cfg.scaled_output_init else gain
         for block in self.blocks:

@@ -1,0 +1,301 @@
+"""Layers against hand-written formulas: attention (+ RoPE, QK-norm), MLPs, MoE, adaLN, embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from models.embeddings import sincos_2d, timestep_frequencies
+from models.layers import AdaLNZero, Attention, Mlp, MoE, SwiGLU, apply_rope, load_balancing_loss, modulate, rope_tables
+from models.norms import build_norm, get_norm_layer
+from tests.models import reference as ref
+
+D, HEADS, B, N = 16, 4, 2, 7
+
+
+@torch.no_grad()
+def randomize_norms(module: nn.Module) -> None:
+    for m in module.modules():
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
+            m.weight.copy_(1 + 0.3 * torch.randn_like(m.weight))
+            if getattr(m, "bias", None) is not None:
+                m.bias.copy_(0.3 * torch.randn_like(m.bias))
+
+
+#################################################################################
+#                                    Norms                                      #
+#################################################################################
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_build_norm_matches_formula(kind, affine):
+    norm = build_norm(kind, D, eps=1e-3, affine=affine).double()
+    randomize_norms(norm)
+    assert (norm.weight is not None) == affine
+    x = torch.randn(B, N, D, dtype=torch.float64) * 3 + 1
+    expected = ref.norm(x, kind, 1e-3, norm.weight, getattr(norm, "bias", None))
+    torch.testing.assert_close(norm(x), expected, atol=1e-12, rtol=1e-12)
+
+
+def test_unknown_norm_layer_raises_listing_valid_ones():
+    with pytest.raises(ValueError, match=r"batchnorm.*layernorm.*rmsnorm"):
+        get_norm_layer("batchnorm")
+
+
+#################################################################################
+#                                  Attention                                    #
+#################################################################################
+
+
+def test_apply_rope_matches_complex_reference():
+    x = torch.randn(B, HEADS, N, 8, dtype=torch.float64)
+    for base in (10000.0, 500.0):
+        cos, sin = rope_tables(N + 3, 8, base)  # longer tables are cut to the sequence
+        torch.testing.assert_close(apply_rope(x, (cos, sin)), ref.rope_complex(x, base), atol=1e-6, rtol=1e-6)
+
+
+def test_rope_is_relative():
+    """<R_m q, R_n k> depends only on m - n."""
+    q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    seq = torch.zeros(1, 1, 6, 8, dtype=torch.float64)
+    rq, rk = ref.rope_complex(seq + q), ref.rope_complex(seq + k)
+    rope = rope_tables(6, 8)
+    aq, ak = apply_rope(seq + q, rope), apply_rope(seq + k, rope)
+    torch.testing.assert_close(aq[0, 0, 3] @ ak[0, 0, 1], aq[0, 0, 4] @ ak[0, 0, 2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rq[0, 0, 3] @ rk[0, 0, 1], rq[0, 0, 4] @ rk[0, 0, 2], atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("use_rope", [False, True], ids=["no_rope", "rope"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    ("qk_norm", "qkv_norm", "norm_layer"),
+    [(False, False, "layernorm"), (True, False, "rmsnorm"), (True, False, "layernorm"), (False, True, "layernorm")],
+    ids=["plain", "qk_rms", "qk_ln", "qkv_ln"],
+)
+def test_attention_matches_naive_softmax(qk_norm, qkv_norm, norm_layer, causal, use_rope):
+    attn = Attention(D, HEADS, bias=True, qk_norm=qk_norm, qkv_norm=qkv_norm, norm_layer=norm_layer, norm_eps=1e-5)
+    attn = attn.double().eval()
+    randomize_norms(attn)
+    with torch.no_grad():
+        attn.qkv.bias.normal_()
+        attn.proj.bias.normal_()
+    x = torch.randn(B, N, D, dtype=torch.float64)
+
+    def per_head(m):
+        if isinstance(m, nn.Identity):
+            return None
+        assert m.weight.shape == (D // HEADS,)  # per head
+        return lambda t: ref.norm(t, norm_layer, 1e-5, m.weight, getattr(m, "bias", None))
+
+    expected = ref.attention(
+        x,
+        HEADS,
+        attn.qkv.weight,
+        attn.qkv.bias,
+        attn.proj.weight,
+        attn.proj.bias,
+        per_head(attn.q_norm),
+        per_head(attn.k_norm),
+        per_head(attn.v_norm),
+        causal=causal,
+        rope_base=10000.0 if use_rope else None,
+    )
+    assert (per_head(attn.q_norm) is not None) == (qk_norm or qkv_norm)
+    assert (per_head(attn.v_norm) is not None) == qkv_norm
+    rope = rope_tables(N, D // HEADS) if use_rope else None
+    with torch.no_grad():
+        out = attn(x, rope=rope, is_causal=causal)
+    tol = 1e-6 if use_rope else 1e-10  # the rotary tables are float32
+    torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+def test_attention_without_bias_and_bad_heads():
+    attn = Attention(D, HEADS, bias=False)
+    assert attn.qkv.bias is None and attn.proj.bias is None
+    with pytest.raises(ValueError, match="18"):
+        Attention(18, 4)
+
+
+#################################################################################
+#                                     MLPs                                      #
+#################################################################################
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_mlp_matches_formula(approximate):
+    mlp = Mlp(D, 24, bias=True, approximate=approximate).double()
+    with torch.no_grad():
+        mlp.fc1.bias.normal_()
+        mlp.fc2.bias.normal_()
+    x = torch.randn(B, N, D, dtype=torch.float64) * 2
+    hidden = ref.gelu(ref.linear(x, mlp.fc1.weight, mlp.fc1.bias), approximate)
+    expected = ref.linear(hidden, mlp.fc2.weight, mlp.fc2.bias)
+    torch.testing.assert_close(mlp(x), expected, atol=1e-12, rtol=1e-12)
+
+
+def test_swiglu_matches_formula():
+    hidden = 24
+    mlp = SwiGLU(D, hidden).double()
+    assert mlp.fc1.bias is None  # LM default: no biases
+    x = torch.randn(B, N, D, dtype=torch.float64)
+    w_gate, w_up = mlp.fc1.weight[:hidden], mlp.fc1.weight[hidden:]
+    expected = ref.linear(ref.silu(ref.linear(x, w_gate)) * ref.linear(x, w_up), mlp.fc2.weight)
+    torch.testing.assert_close(mlp(x), expected, atol=1e-12, rtol=1e-12)
+
+
+#################################################################################
+#                                      MoE                                      #
+#################################################################################
+
+E, K, MOE_HIDDEN = 6, 2, 10
+
+
+def moe_reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """Loop over tokens and their chosen experts: ``sum_j w_j * SwiGLU_{e_j}(x)``."""
+    flat = x.reshape(-1, x.shape[-1])
+    logits = ref.linear(flat.double(), moe.router.weight.double())
+    probs = torch.exp(logits - logits.amax(-1, keepdim=True))
+    probs = probs / probs.sum(-1, keepdim=True)
+    out = torch.zeros_like(flat)
+    for t in range(flat.shape[0]):
+        top = sorted(range(E), key=lambda e, t=t: -probs[t, e].item())[:K]
+        w = probs[t, top]
+        if moe.normalize_topk:
+            w = w / w.sum()
+        for e, we in zip(top, w, strict=True):
+            gate_up = flat[t] @ moe.w_in[e]
+            gate, up = gate_up[:MOE_HIDDEN], gate_up[MOE_HIDDEN:]
+            out[t] += we.to(flat.dtype) * ((ref.silu(gate) * up) @ moe.w_out[e])
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("normalize_topk", [False, True])
+def test_moe_matches_loop_over_experts(normalize_topk):
+    moe = MoE(D, MOE_HIDDEN, E, K, normalize_topk).double()
+    with torch.no_grad():
+        moe.router.weight.normal_()  # a decisive router: no near-ties in the top-k
+    x = torch.randn(B, N, D, dtype=torch.float64)
+    out, aux = moe(x)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, moe_reference(moe, x), atol=1e-6, rtol=1e-6)  # router runs in float32
+    assert torch.isfinite(aux)
+
+
+@pytest.mark.parametrize("normalize_topk", [False, True])
+def test_moe_router_probabilities_and_topk_weights(normalize_topk):
+    moe = MoE(D, MOE_HIDDEN, E, K, normalize_topk)
+    with torch.no_grad():
+        moe.router.weight.normal_()
+    x = torch.randn(B * N, D)
+    probs, idx, weight = moe.route(x)
+    assert probs.shape == (B * N, E) and idx.shape == weight.shape == (B * N, K)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(B * N))
+    chosen = probs.gather(-1, idx)
+    assert torch.all(chosen.min(-1).values >= probs.topk(K).values[:, -1] - 1e-7)  # the k largest
+    if normalize_topk:
+        torch.testing.assert_close(weight.sum(-1), torch.ones(B * N))
+    else:
+        torch.testing.assert_close(weight, chosen)
+        assert torch.all(weight.sum(-1) < 1)
+
+
+def test_load_balancing_loss_matches_formula():
+    probs = torch.softmax(torch.randn(12, 4), -1)
+    idx = probs.topk(2).indices
+    counts = torch.zeros(4)
+    for e in idx.flatten().tolist():
+        counts[e] += 1
+    f = counts / idx.numel()
+    expected = 4 * sum(f[e] * probs[:, e].mean() for e in range(4))
+    torch.testing.assert_close(load_balancing_loss(probs, idx, 4), expected)
+
+
+def test_load_balancing_loss_is_one_for_a_uniform_router():
+    moe = MoE(D, MOE_HIDDEN, E, K)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+    _, aux = moe(torch.randn(B, N, D))
+    torch.testing.assert_close(aux, torch.tensor(1.0), atol=1e-6, rtol=0)
+
+
+def test_load_balancing_loss_grows_for_a_skewed_router():
+    moe = MoE(D, MOE_HIDDEN, E, K)
+    x = torch.randn(B, N, D)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[0] = 5 * x.reshape(-1, D).mean(0)  # expert 0 wins for most tokens
+        moe.router.weight[1] = 2.5 * x.reshape(-1, D).mean(0)
+    _, aux = moe(x)
+    assert torch.isfinite(aux) and aux > 1.5
+
+
+def test_moe_top_k_out_of_range_raises():
+    with pytest.raises(ValueError, match="top_k 7"):
+        MoE(D, MOE_HIDDEN, E, 7)
+
+
+#################################################################################
+#                                 Conditioning                                  #
+#################################################################################
+
+
+def test_modulate_formula():
+    x, shift, scale = torch.randn(B, N, D), torch.randn(B, 1, D), torch.randn(B, 1, D)
+    expected = torch.stack([x[i] * (1 + scale[i]) + shift[i] for i in range(B)])
+    torch.testing.assert_close(modulate(x, shift, scale), expected)
+
+
+def test_adaln_zero_starts_at_zero_and_chunks_in_order():
+    ada = AdaLNZero(D, 6)
+    outs = ada(torch.randn(B, D))
+    assert len(outs) == 6
+    for o in outs:
+        assert o.shape == (B, 1, D)
+        assert torch.count_nonzero(o) == 0
+    with torch.no_grad():
+        ada.net[1].weight.normal_()
+        ada.net[1].bias.normal_()
+    c = torch.randn(B, D)
+    full = ref.linear(ref.silu(c), ada.net[1].weight, ada.net[1].bias)
+    for i, o in enumerate(ada(c)):
+        torch.testing.assert_close(o[:, 0], full[:, i * D : (i + 1) * D])
+
+
+#################################################################################
+#                                  Embeddings                                   #
+#################################################################################
+
+
+@pytest.mark.parametrize(("dim", "grid"), [(16, 4), (64, 8), (768, 16)])
+def test_sincos_2d_matches_dit_reference(dim, grid):
+    expected = torch.from_numpy(ref.get_2d_sincos_pos_embed(dim, grid)).float()
+    out = sincos_2d(dim, grid)
+    assert out.shape == (grid * grid, dim)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
+def test_sincos_2d_first_half_encodes_the_column():
+    emb = sincos_2d(8, 3).reshape(3, 3, 8)  # (row, col, D)
+    torch.testing.assert_close(emb[0, :, :4], emb[2, :, :4])  # same column -> same first half
+    torch.testing.assert_close(emb[:, 0, 4:], emb[:, 2, 4:])  # same row -> same second half
+    assert not torch.allclose(emb[0, 0, :4], emb[0, 1, :4])
+
+
+@pytest.mark.parametrize("freq_shift", [0, 1])
+def test_timestep_frequencies(freq_shift):
+    t = torch.tensor([0.0, 1.0, 17.0, 999.0])
+    dim, max_period = 16, 10000.0
+    half = dim // 2
+    freqs = np.array([math.exp(-math.log(max_period) * i / (half - freq_shift)) for i in range(half)])
+    args = t.numpy()[:, None].astype(np.float64) * freqs[None]
+    expected = torch.from_numpy(np.concatenate([np.cos(args), np.sin(args)], axis=1)).float()
+    out = timestep_frequencies(t, dim, max_period, freq_shift)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-5)
+    lowest = 1 / max_period if freq_shift else max_period ** (-(half - 1) / half)  # diffusers ends on 1/max_period
+    torch.testing.assert_close(out[:, half - 1], torch.cos(t * lowest), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out[:, 0], torch.cos(t))  # the first frequency is 1

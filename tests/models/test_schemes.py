@@ -1,0 +1,418 @@
+"""Every norm scheme against an independent float64 reference of its DESIGN.md section 3 equation.
+
+The reference below never calls a scheme's ``prepare``/``update``: it re-derives each scheme's loop
+from the spec, reads the norm weights out of the trunk and passes them explicitly to
+:func:`tests.models.reference.norm`. The sublayers F are the trunk's own attention / MLP modules,
+called directly. All norm weights and scheme parameters are randomized first, so a scheme that
+merely matches at init (scales 1, shifts 0, W = 0) does not pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from models import Trunk, TrunkConfig
+from models.schemes import SCHEMES, NormScheme, get_scheme
+from tests.models import reference as ref
+
+D, L, HEADS, HIDDEN = 16, 3, 2, 24
+BATCH, TOKENS = 2, 5
+ALL_SCHEMES = list(NormScheme)
+NORM_LAYERS = ["layernorm", "rmsnorm"]
+
+
+def build(scheme: str, norm_layer: str = "layernorm", conditioned: bool = False, **overrides) -> Trunk:
+    """A tiny float64 trunk with every norm / scheme / adaLN parameter randomized."""
+    cfg = TrunkConfig(
+        dim=D,
+        depth=overrides.pop("depth", L),
+        num_heads=HEADS,
+        mlp_hidden=HIDDEN,
+        norm_scheme=scheme,
+        norm_layer=norm_layer,
+        norm_eps=1e-5,
+        **overrides,
+    )
+    trunk = Trunk(cfg, conditioned=conditioned).double().eval()
+    randomize(trunk)
+    return trunk
+
+
+@torch.no_grad()
+def randomize(module: nn.Module) -> None:
+    """Non-trivial values for everything the scheme equations touch."""
+    for m in module.modules():
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
+            m.weight.copy_(1 + 0.3 * torch.randn_like(m.weight))
+            if getattr(m, "bias", None) is not None:
+                m.bias.copy_(0.3 * torch.randn_like(m.bias))
+    for name, p in module.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("w_read", "w_depth", "w_write"):  # Hyper-Connections' W_m, W_r, W_b
+            p.copy_(0.3 * torch.randn_like(p))
+        elif leaf in ("s_a", "s_b"):
+            p.copy_(0.2 + 0.5 * torch.rand_like(p))
+        elif leaf == "gain":  # siamese_hybrid's g
+            p.copy_(1 + 0.3 * torch.randn_like(p))
+        elif ".adaLN." in name:
+            p.copy_(0.3 * torch.randn_like(p))
+
+
+#################################################################################
+#                     The reference: DESIGN.md sections 2-3                     #
+#################################################################################
+
+
+class Ref:
+    """Shared pieces of every scheme's reference loop.
+
+    ``own(norm, x)``: a scheme's own branch-input norm; non-affine in conditioned mode.
+    ``added(x)``: where a scheme has no branch-input norm: identity, or a non-affine norm when conditioned.
+    ``F(b, kind, inp)``: the sublayer, wrapped by adaLN-Zero's modulate and gate when conditioned.
+    """
+
+    def __init__(self, trunk: Trunk, cond: Tensor | None) -> None:
+        self.trunk, self.cfg = trunk, trunk.cfg
+        self.mods: list[tuple[Tensor, ...]] | None = None
+        if cond is not None:
+            self.mods = []
+            for blk in trunk.blocks:
+                lin = blk.adaLN.net[1]
+                m = ref.linear(ref.silu(cond), lin.weight, lin.bias)[:, None, :]  # (B, 1, 6D)
+                # DiT order: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
+                self.mods.append(tuple(m[..., i * D : (i + 1) * D] for i in range(6)))
+
+    def N(self, module: nn.Module, x: Tensor) -> Tensor:
+        """An affine norm with ``module``'s weight (and bias)."""
+        assert module.weight is not None, f"expected an affine norm, got {module}"
+        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps, module.weight, getattr(module, "bias", None))
+
+    def plain(self, x: Tensor) -> Tensor:
+        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps)
+
+    def own(self, module: nn.Module, x: Tensor) -> Tensor:
+        return self.plain(x) if self.mods else self.N(module, x)
+
+    def added(self, x: Tensor) -> Tensor:
+        return self.plain(x) if self.mods else x
+
+    def F(self, b: int, kind: str, inp: Tensor) -> Tensor:
+        blk = self.trunk.blocks[b]
+        if self.mods:
+            shift, scale, gate = self.mods[b][:3] if kind == "attn" else self.mods[b][3:]
+            inp = ref.modulate(inp, shift, scale)
+        out = blk.attn(inp) if kind == "attn" else blk.mlp(inp)
+        return gate * out if self.mods else out
+
+    def sites(self) -> Iterator[tuple[int, int, str, nn.Module]]:
+        """(block b, sublayer s, kind, the scheme site holding its norms) in order."""
+        for b, blk in enumerate(self.trunk.blocks):
+            yield b, 2 * b, "attn", blk.attn_res
+            yield b, 2 * b + 1, "mlp", blk.mlp_res
+
+
+def pre_step(r: Ref, b: int, kind: str, norm: nn.Module, x: Tensor) -> Tensor:
+    return x + r.F(b, kind, r.own(norm, x))  # x = x + F(N(x))
+
+
+def post_step(r: Ref, b: int, kind: str, norm: nn.Module, x: Tensor) -> Tensor:
+    return r.N(norm, x + r.F(b, kind, r.added(x)))  # x = N(x + F(x))
+
+
+def ref_pre(r: Ref, h: Tensor) -> Tensor:
+    x = h
+    for b, _, kind, site in r.sites():
+        x = pre_step(r, b, kind, site.norm, x)
+    return r.own(r.trunk.readout.norm_f, x)  # N_f(x)
+
+
+def ref_post(r: Ref, h: Tensor) -> Tensor:
+    x = h
+    for b, _, kind, site in r.sites():
+        x = post_step(r, b, kind, site.norm, x)
+    return r.added(x)  # x
+
+
+def ref_peri(r: Ref, h: Tensor) -> Tensor:
+    x = h
+    for b, _, kind, site in r.sites():
+        x = x + r.N(site.norm_out, r.F(b, kind, r.own(site.norm_in, x)))  # x = x + N_out(F(N_in(x)))
+    return r.own(r.trunk.readout.norm_f, x)
+
+
+def ref_deepnorm(r: Ref, h: Tensor) -> Tensor:
+    alpha = (2 * r.cfg.depth) ** 0.25
+    x = h
+    for b, _, kind, site in r.sites():
+        x = r.N(site.norm, alpha * x + r.F(b, kind, r.added(x)))  # x = N(alpha x + F(x))
+    return r.added(x)
+
+
+def ref_mixln(r: Ref, h: Tensor) -> Tensor:
+    n_post = math.floor(r.cfg.mix_ratio * r.cfg.depth)
+    x = h
+    for b, _, kind, site in r.sites():
+        step = post_step if b < n_post else pre_step
+        x = step(r, b, kind, site.inner.norm, x)
+    return r.own(r.trunk.readout.norm_f, x)
+
+
+def ref_hybrid(r: Ref, h: Tensor) -> Tensor:
+    x = h
+    for b, _, kind, site in r.sites():
+        if kind == "attn":
+            x = x + r.F(b, kind, r.added(x))  # x = x + Attn(x), QKV-norm lives inside Attn
+        else:
+            u = r.N(site.norm, x)  # u = N(x); x = u + F(u)
+            x = u + r.F(b, kind, r.added(u))
+    return r.own(r.trunk.readout.norm_f, x)
+
+
+def ref_resi_dual(r: Ref, h: Tensor) -> Tensor:
+    x = d = h  # both streams from the embedding
+    for b, _, kind, site in r.sites():
+        o = r.F(b, kind, r.added(x))
+        x = r.N(site.norm, x + o)
+        d = d + o
+    return r.added(x + r.N(r.trunk.readout.norm_d, d))  # x + N_d(d)
+
+
+def ref_hyper(r: Ref, h: Tensor) -> Tensor:
+    n = 2
+    H = [h] * n  # n copies of the embedding
+    for b, k, kind, site in r.sites():
+        Hn = [r.N(site.norm_h, Hi) for Hi in H]
+        s_a, s_b = site.s_a, site.s_b
+        A_m = [float(i == k % n) + s_a * torch.tanh(Hn[i] @ site.w_read) for i in range(n)]  # e_(k mod n) + ...
+        A_r = [[float(i == j) + s_a * torch.tanh(Hn[i] @ site.w_depth[:, j]) for j in range(n)] for i in range(n)]
+        B = [1.0 + s_b * torch.tanh(Hn[i] @ site.w_write) for i in range(n)]
+        h_in = sum(A_m[i][..., None] * H[i] for i in range(n))  # A_m^T H
+        o = r.F(b, kind, r.own(site.norm_in, h_in))  # o = F(N(h_in))
+        H = [B[j][..., None] * o + sum(A_r[i][j][..., None] * H[i] for i in range(n)) for j in range(n)]
+    return r.own(r.trunk.readout.norm_f, sum(H))  # N_f(sum of streams)
+
+
+def _siamese(r: Ref, h: Tensor, hybrid: bool) -> Tensor:
+    opts = r.cfg
+    x = y = h
+    for b, _, kind, site in r.sites():
+        c = math.sqrt(2 * (b + 1)) if opts.siamese_depth_scaling else 1.0
+        if hybrid and kind == "attn":
+            o = r.F(b, kind, r.added(site.gain * x + r.N(site.norm_y, y)))  # h = g x + N_Y(y)
+        else:
+            x = r.N(site.norm_x, x)  # X post-norm at sublayer start
+            z = x + r.N(site.norm_y, y)
+            o = r.F(b, kind, r.own(site.norm_in, z) if opts.siamese_input_norm else r.added(z))
+        x = x + o / c
+        y = y + o
+    ro = r.trunk.readout
+    return r.own(ro.norm_o, r.N(ro.norm_a, x) + r.N(ro.norm_b, y))  # N_o(N_a(x) + N_b(y))
+
+
+def ref_siamese(r: Ref, h: Tensor) -> Tensor:
+    return _siamese(r, h, hybrid=False)
+
+
+def ref_siamese_hybrid(r: Ref, h: Tensor) -> Tensor:
+    return _siamese(r, h, hybrid=True)
+
+
+REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
+    NormScheme.PRE: ref_pre,
+    NormScheme.POST: ref_post,
+    NormScheme.PERI: ref_peri,
+    NormScheme.DEEPNORM: ref_deepnorm,
+    NormScheme.MIXLN: ref_mixln,
+    NormScheme.HYBRID: ref_hybrid,
+    NormScheme.RESI_DUAL: ref_resi_dual,
+    NormScheme.HYPER: ref_hyper,
+    NormScheme.SIAMESE: ref_siamese,
+    NormScheme.SIAMESE_HYBRID: ref_siamese_hybrid,
+}
+
+
+@torch.no_grad()
+def check_against_reference(trunk: Trunk, conditioned: bool) -> None:
+    h = torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    cond = torch.randn(BATCH, D, dtype=torch.float64) if conditioned else None
+    out = trunk(h, cond=cond)
+    expected = REFERENCES[NormScheme(trunk.cfg.norm_scheme)](Ref(trunk, cond), h)
+    assert out.shape == (BATCH, TOKENS, D)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
+
+
+#################################################################################
+#                                     Tests                                     #
+#################################################################################
+
+
+def test_every_scheme_is_registered_and_has_a_reference():
+    assert set(SCHEMES) == set(NormScheme)
+    assert set(REFERENCES) == set(NormScheme)
+    for name in NormScheme:
+        assert get_scheme(name.value).name is name
+
+
+@pytest.mark.parametrize("norm_layer", NORM_LAYERS)
+@pytest.mark.parametrize("scheme", ALL_SCHEMES)
+def test_trunk_matches_reference(scheme, norm_layer):
+    check_against_reference(build(scheme, norm_layer), conditioned=False)
+
+
+@pytest.mark.parametrize("norm_layer", NORM_LAYERS)
+@pytest.mark.parametrize("scheme", ALL_SCHEMES)
+def test_conditioned_trunk_matches_reference(scheme, norm_layer):
+    """adaLN-Zero: branch input -> non-affine norm -> modulate; gate * F before the update; the
+    readout's outermost norm non-affine (added where the readout had none)."""
+    check_against_reference(build(scheme, norm_layer, conditioned=True), conditioned=True)
+
+
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])
+@pytest.mark.parametrize("depth_scaling", [True, False], ids=["c", "no_c"])
+@pytest.mark.parametrize("input_norm", [True, False], ids=["n_in", "no_n_in"])
+@pytest.mark.parametrize("scheme", [NormScheme.SIAMESE, NormScheme.SIAMESE_HYBRID])
+def test_siamese_ablations_match_reference(scheme, input_norm, depth_scaling, conditioned):
+    trunk = build(scheme, conditioned=conditioned, siamese_input_norm=input_norm, siamese_depth_scaling=depth_scaling)
+    check_against_reference(trunk, conditioned)
+
+
+@pytest.mark.parametrize("scheme", [NormScheme.SIAMESE, NormScheme.SIAMESE_HYBRID])
+def test_siamese_ablation_switches_change_the_output(scheme):
+    """The switches are live: each one alone changes the trunk output (same weights)."""
+    h = torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    torch.manual_seed(3)
+    base = build(scheme)
+    outs = {}
+    variants = {"base": {}, "no_n_in": {"siamese_input_norm": False}, "no_c": {"siamese_depth_scaling": False}}
+    for key, kw in variants.items():
+        trunk = build(scheme, **kw)
+        trunk.load_state_dict(base.state_dict(), strict=key != "no_n_in")
+        with torch.no_grad():
+            outs[key] = trunk(h)
+    assert not torch.allclose(outs["base"], outs["no_n_in"])
+    assert not torch.allclose(outs["base"], outs["no_c"])
+
+
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])
+@pytest.mark.parametrize("mix_ratio", [0.0, 0.25, 0.5, 0.74, 1.0])
+def test_mixln_ratio_matches_reference(mix_ratio, conditioned):
+    """L = 4: floor(mix_ratio * L) = 0, 1, 2, 2 (floor, not round), 4 Post-Norm blocks."""
+    trunk = build(NormScheme.MIXLN, conditioned=conditioned, depth=4, mix_ratio=mix_ratio)
+    check_against_reference(trunk, conditioned)
+
+
+def test_mixln_default_ratio_is_a_quarter():
+    assert TrunkConfig().mix_ratio == 0.25
+
+
+@pytest.mark.parametrize("ffn", ["gelu", "swiglu", "moe"])
+def test_deepnorm_init_scales_value_out_and_mlp_by_beta(ffn):
+    """beta = (8L)^(-1/4) on the value third of qkv, the attention out-proj and the MLP weights,
+    relative to a `pre` trunk built from the same seed (same RNG order, so a plain ratio)."""
+    depth = 5
+    kw = dict(dim=D, depth=depth, num_heads=HEADS, mlp_hidden=HIDDEN, mlp="swiglu" if ffn != "gelu" else "gelu")
+    if ffn == "moe":
+        kw.update(moe_experts=4, moe_top_k=2)
+    torch.manual_seed(11)
+    pre = Trunk(TrunkConfig(norm_scheme="pre", **kw))
+    torch.manual_seed(11)
+    deep = Trunk(TrunkConfig(norm_scheme="deepnorm", **kw))
+    beta = (8 * depth) ** -0.25
+
+    def ratio(a: Tensor, b: Tensor, expected: float) -> None:
+        torch.testing.assert_close(b, a * expected, rtol=1e-6, atol=0)
+
+    for bp, bd in zip(pre.blocks, deep.blocks, strict=True):
+        ratio(bp.attn.qkv.weight[: 2 * D], bd.attn.qkv.weight[: 2 * D], 1.0)  # Q and K untouched
+        ratio(bp.attn.qkv.weight[2 * D :], bd.attn.qkv.weight[2 * D :], beta)  # V
+        ratio(bp.attn.proj.weight, bd.attn.proj.weight, beta)
+        if ffn == "moe":
+            ratio(bp.mlp.w_in, bd.mlp.w_in, beta)
+            ratio(bp.mlp.w_out, bd.mlp.w_out, beta)
+            ratio(bp.mlp.router.weight, bd.mlp.router.weight, 1.0)
+        else:
+            ratio(bp.mlp.fc1.weight, bd.mlp.fc1.weight, beta)
+            ratio(bp.mlp.fc2.weight, bd.mlp.fc2.weight, beta)
+    assert get_scheme("deepnorm").branch_init_gain(depth) == pytest.approx(beta)
+    for name in NormScheme:
+        if name is not NormScheme.DEEPNORM:
+            assert get_scheme(name).branch_init_gain(depth) == 1.0
+
+
+@pytest.mark.parametrize("scheme", ALL_SCHEMES)
+def test_init_values(scheme):
+    """All norm scales start at 1 (shifts 0); Hyper-Connections: W_* = 0, s_a = s_b = 0.01;
+    siamese_hybrid's g = 1; adaLN-Zero weights 0."""
+    trunk = Trunk(TrunkConfig(dim=D, depth=L, num_heads=HEADS, norm_scheme=scheme), conditioned=True)
+    for m in trunk.modules():
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
+            assert torch.equal(m.weight, torch.ones_like(m.weight))
+            if getattr(m, "bias", None) is not None:
+                assert torch.equal(m.bias, torch.zeros_like(m.bias))
+    for name, p in trunk.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("w_read", "w_depth", "w_write") or ".adaLN." in name:
+            assert torch.count_nonzero(p) == 0, name
+        elif leaf in ("s_a", "s_b"):
+            assert p.item() == pytest.approx(0.01), name
+        elif leaf == "gain":
+            assert torch.equal(p, torch.ones_like(p)), name
+
+
+@pytest.mark.parametrize("scheme", [NormScheme.HYBRID, NormScheme.SIAMESE_HYBRID])
+def test_hybrid_attention_normalizes_q_k_v_per_head(scheme):
+    trunk = build(scheme, bias=True)
+    attn = trunk.blocks[1].attn
+    randomize(attn)
+    with torch.no_grad():
+        attn.qkv.bias.normal_()
+    x = torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    kind, eps = trunk.cfg.norm_layer, trunk.cfg.norm_eps
+
+    def per_head(m: nn.Module):
+        return lambda t: ref.norm(t, kind, eps, m.weight, m.bias)
+
+    expected = ref.attention(
+        x,
+        HEADS,
+        attn.qkv.weight,
+        attn.qkv.bias,
+        attn.proj.weight,
+        attn.proj.bias,
+        q_norm=per_head(attn.q_norm),
+        k_norm=per_head(attn.k_norm),
+        v_norm=per_head(attn.v_norm),
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), expected, atol=1e-10, rtol=1e-10)
+    assert attn.v_norm.weight.shape == (D // HEADS,)  # per head, not over D
+
+
+@pytest.mark.parametrize("scheme", sorted(set(NormScheme) - {NormScheme.HYBRID, NormScheme.SIAMESE_HYBRID}))
+def test_other_schemes_do_not_normalize_v(scheme):
+    trunk = Trunk(TrunkConfig(dim=D, depth=L, num_heads=HEADS, norm_scheme=scheme))
+    assert not get_scheme(scheme).qkv_norm
+    assert all(isinstance(b.attn.v_norm, nn.Identity) for b in trunk.blocks)
+
+
+def test_unknown_scheme_raises_listing_valid_ones():
+    with pytest.raises(ValueError) as err:
+        get_scheme("layerscale")
+    msg = str(err.value)
+    assert "layerscale" in msg
+    for name in NormScheme:
+        assert name.value in msg
+
+
+@pytest.mark.parametrize("conditioned", [False, True])
+def test_cond_must_match_the_mode(conditioned):
+    trunk = Trunk(TrunkConfig(dim=D, depth=1, num_heads=HEADS), conditioned=conditioned)
+    h = torch.randn(BATCH, TOKENS, D)
+    wrong = None if conditioned else torch.randn(BATCH, D)
+    with pytest.raises(ValueError, match="cond"):
+        trunk(h, cond=wrong)
