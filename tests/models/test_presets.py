@@ -76,7 +76,7 @@ def test_count_params_active_counts_top_k_experts():
 
 @pytest.mark.parametrize(
     ("name", "norm_params", "paper_claim_holds"),
-    [("deit-small", 2, False), ("dit-b2", 0, True), ("lm-1.3b", 1, True)],
+    [("deit-small", 2, False), ("dit-b2", 2, True), ("lm-1.3b", 1, True)],
 )
 def test_siamese_parameter_overhead(name, norm_params, paper_claim_holds):
     """SiameseNorm adds N_X, N_Y, N_in per sublayer and N_a, N_b, N_o at the readout, against Pre-Norm's
@@ -89,10 +89,8 @@ def test_siamese_parameter_overhead(name, norm_params, paper_claim_holds):
     siamese, _ = counts(name, "siamese")
     preset = PRESETS[name]
     dim, depth = preset.trunk["dim"], preset.trunk["depth"]
-    if preset.task == "dit":  # conditioned: N_in and N_o non-affine like pre's; N_X, N_Y, N_a, N_b affine
-        expected = (2 * (2 * depth) + 2) * 2 * dim
-    else:
-        expected = (2 * (2 * depth) + 2) * norm_params * dim
+    # (In adaLN mode pre's N and siamese's N_in / N_o are all non-affine, so the count is the same.)
+    expected = (2 * (2 * depth) + 2) * norm_params * dim
     assert siamese - pre == expected
     overhead = 100 * (siamese - pre) / pre
     print(f"\n{name}: pre {pre:,} siamese {siamese:,} overhead {overhead:.4f} %")
