@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("sweep_file", help="sweep YAML, e.g. configs/sweeps/demo.yaml")
     parser.add_argument("--parallel", type=int, default=None, help="runs at once (overrides the file)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[1:] if argv and argv[0] == "sweep" else argv)
     try:
         spec = SweepSpec.load(args.sweep_file)
     except (ValueError, FileNotFoundError, yaml.YAMLError) as err:
