@@ -1,4 +1,4 @@
-"""Turn run summaries into a comparison: a markdown + CSV table and PNG plots.
+"""Turn run summaries into a comparison: a markdown + CSV table, PNG plots and a TensorBoard layout.
 
 python -m experiments.compare runs/lm/demo          # rebuild the comparison of a sweep directory
 """
@@ -15,6 +15,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+
+from experiments.tb_layout import write_layout  # noqa: E402
 
 COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", "metric", "diverged", "spikes",
            "wall_s", "params"]  # fmt: skip
@@ -128,8 +130,58 @@ def plot_stability(table: list[dict], path: Path, metric: str) -> bool:
     return True
 
 
+def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
+    """Final metric against peak learning rate, one line per scheme; diverged runs are crosses.
+
+    Runs of one (scheme, lr) cell (seeds, warmups) are averaged over those that finished. A diverged
+    run's cross sits at its last value clipped to just outside the finished runs' range (a blown-up
+    loss would otherwise flatten every line), or at the top edge when it never validated.
+    """
+    lrs = sorted({r["lr"] for r in table if r["lr"] is not None})
+    if len(lrs) < 2:
+        return False
+
+    def value(r: dict) -> float | None:
+        m = r["metric"]
+        return float(m) if isinstance(m, int | float) and math.isfinite(m) else None
+
+    done = [v for r in table if r["status"] == "finished" and (v := value(r)) is not None]
+    lo, hi = (min(done), max(done)) if done else (0.0, 1.0)
+    margin = 0.08 * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1e-3)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for scheme in dict.fromkeys(r["scheme"] for r in table):
+        runs = [r for r in table if r["scheme"] == scheme and r["lr"] is not None]
+        points = []
+        for lr in lrs:
+            cell = [v for r in runs if r["lr"] == lr and r["status"] == "finished" and (v := value(r)) is not None]
+            if cell:
+                points.append((lr, sum(cell) / len(cell)))
+        colour = ax.plot(*zip(*points, strict=True), marker="o", label=scheme)[0].get_color() if points else "#e06666"
+        for r in runs:
+            if r["status"] == "diverged":
+                v = value(r)
+                y = hi + margin if v is None else min(max(v, lo - margin), hi + margin)
+                ax.plot([r["lr"]], [y], marker="x", ms=11, mew=2.5, color=colour, ls="none")
+    ax.plot([], [], marker="x", ms=9, mew=2, ls="none", color="k", label="diverged")
+    ax.set_xscale("log")
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel(f"final {metric}")
+    ax.set_title(f"final {metric} per scheme and learning rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str = "val/loss") -> dict[str, Path]:
-    """Writes ``comparison.md``, ``comparison.csv``, ``curves.png`` (+ ``stability.png``); returns paths."""
+    """Writes the table, ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png``) and a TensorBoard layout.
+
+    Returns:
+        ``{kind: path}`` of what was written.
+    """
     summaries = load_summaries(sweep_dir, names)
     table = rows(summaries, metric)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +195,9 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
     plot_curves(summaries, out["curves"], metric)
     if plot_stability(table, sweep_dir / "stability.png", metric):
         out["stability"] = sweep_dir / "stability.png"
+    if plot_metric_vs_lr(table, sweep_dir / "metric_vs_lr.png", metric):
+        out["metric_vs_lr"] = sweep_dir / "metric_vs_lr.png"
+    out["tb_layout"] = write_layout(sweep_dir, list(summaries), metric)
     return out
 
 

@@ -3,9 +3,11 @@
     python -m experiments sweep configs/sweeps/demo.yaml [--parallel 2] [--dry-run]
 
 Each run is a separate ``python -m experiments fit`` process writing its own run directory, so a
-crash or divergence in one run never takes the sweep down, and a run whose ``summary.json`` says it
-finished (or diverged) is skipped when the sweep is started again. The comparison (markdown + CSV
-table, PNG plots) is rebuilt from those summary files at the end: see :mod:`experiments.compare`.
+crash or divergence in one run never takes the sweep down. Started again, the sweep skips a run whose
+``summary.json`` says it finished (or diverged) and reruns, from an emptied run directory, one that
+was killed mid-way ("running"), crashed or was interrupted. The comparison (markdown + CSV
+table, PNG plots, TensorBoard custom-scalars layout) is rebuilt from those summary files at the end:
+see :mod:`experiments.compare`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -131,13 +134,27 @@ def task_of(spec: SweepSpec) -> str:
     return "task"
 
 
+def previous_status(summary: Path) -> str | None:
+    """The status a run's ``summary.json`` records (None without one; "crashed" if unreadable)."""
+    if not summary.exists():
+        return None
+    try:
+        return json.loads(summary.read_text()).get("status", "crashed")
+    except (json.JSONDecodeError, OSError):
+        return "crashed"
+
+
 def run_one(run: Run, spec: SweepSpec, sweep_dir: Path, index: int, total: int) -> str:
     """Runs (or skips) one run; prints one progress line; returns its status."""
     name = run.name(spec)
     summary = sweep_dir / name / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("status") in DONE:
-        print(f"[{index}/{total}] {name}: already done, skipped", flush=True)
+    previous = previous_status(summary)
+    if previous in DONE:
+        print(f"[{index}/{total}] {name}: already done ({previous}), skipped", flush=True)
         return "skipped"
+    if (sweep_dir / name).exists():  # killed mid-way ("running" or no summary yet), crashed, interrupted
+        print(f"[{index}/{total}] {name}: previous attempt {previous or 'left no summary'}, rerunning", flush=True)
+        shutil.rmtree(sweep_dir / name)  # start over, so TensorBoard does not overlay the two attempts
     log = sweep_dir / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -35,6 +35,7 @@ def run(sub: str, runs: Path, data_dir: Path, *extra: str, scheme: str = "pre") 
             "-c", str(ROOT / "configs/lm/tiny.yaml"),
             "-c", str(ROOT / f"configs/norm/{scheme}.yaml"),
             f"--runs_root={runs}",
+            f"--trainer.default_root_dir={runs}",  # fast_dev_run has no logger: keep checkpoints here
             f"--data.init_args.data_dir={data_dir}",
             "--trainer.enable_progress_bar=false",
             *TINY,
@@ -51,7 +52,8 @@ def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, data_dir: Path):
 def test_moe_fast_dev_run_logs_aux_loss(tmp_path: Path, data_dir: Path):
     main(
         ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / "configs/lm/moe-tiny.yaml"),
-         f"--runs_root={tmp_path}", f"--data.init_args.data_dir={data_dir}", "--trainer.fast_dev_run=2",
+         f"--runs_root={tmp_path}", f"--trainer.default_root_dir={tmp_path}", f"--data.init_args.data_dir={data_dir}",
+         "--trainer.fast_dev_run=2",
          "--trainer.enable_progress_bar=false", *TINY, "--model.init_args.trunk.moe_hidden=32"]
     )  # fmt: skip
 

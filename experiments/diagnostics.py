@@ -1,0 +1,216 @@
+"""Training diagnostics the paper argues with (DESIGN.md section 6), one callback away::
+
+    python -m experiments fit -c configs/lm/tiny.yaml -c configs/norm/siamese.yaml \\
+        --trainer.callbacks+=experiments.diagnostics.Diagnostics --trainer.callbacks.every_n_steps=25
+
+Every ``every_n_steps`` optimizer steps, written straight to every logger of the module (so TensorBoard
+shows them whatever ``log_every_n_steps`` is), under these stable tags:
+
+    diag/rms/<stream>/block_<b>       RMS of each residual stream after block b
+    diag/max_abs/block_<b>            max |state| after block b, over its streams
+    diag/max_abs_activation           max over blocks ("massive activations")
+    diag/grad_norm/block_<b>          L2 norm of block b's gradients, BEFORE clipping
+    diag/grad_norm/global             L2 norm of every optimized gradient, before clipping (what clipping sees)
+    diag/scale/<norm>                 mean |weight| of a readout norm (SiameseNorm N_a, N_b, N_o; ResiDual N_d)
+    diag/scale/<norm>/sublayer_<s>    mean |weight| of a residual site's norm (SiameseNorm N_X, N_Y, N_in, and
+                                      the attention gain g of siamese_hybrid): how much each stream contributes
+
+Streams (:func:`stream_dict`): ``x`` for one stream, ``post``/``pre`` (SiameseNorm), ``post``/``delta``
+(ResiDual), ``h0``/``h1`` (Hyper-Connections).
+
+Lightning 2.6 calls ``on_before_optimizer_step`` after backward (and after AMP unscaling) and only then
+runs ``configure_gradient_clipping`` (``Precision._after_closure``), so gradients read there are the
+unclipped ones.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from models.schemes import State
+from models.trunk import Trunk
+
+
+def stream_dict(state: State) -> dict[str, Tensor]:
+    """Names each residual stream of a trunk state: ``{"x": ...}``, ``{"post", "pre"}``, ``{"h0", "h1"}`` ..."""
+    if isinstance(state, tuple):  # TwoStream / DualStream NamedTuples
+        return dict(state._asdict())
+    if state.ndim == 4:  # Hyper-Connections: (B, N, n, D), the n copies on dim -2
+        return {f"h{i}": h for i, h in enumerate(state.unbind(dim=-2))}
+    return {"x": state}
+
+
+def rms(t: Tensor) -> Tensor:
+    """Root mean square over every element, in float32."""
+    return t.detach().float().pow(2).mean().sqrt()
+
+
+def find_trunk(pl_module: nn.Module) -> Trunk | None:
+    """The task's trunk: ``pl_module.net.trunk`` (LM, ViT, DiT), else the first Trunk found."""
+    trunk = getattr(getattr(pl_module, "net", None), "trunk", None)
+    if isinstance(trunk, Trunk):
+        return trunk
+    return next((m for m in pl_module.modules() if isinstance(m, Trunk)), None)
+
+
+def grad_norms(trunk: Trunk, params: list[nn.Parameter]) -> dict[str, Tensor]:
+    """L2 norms of the current gradients: per block and over ``params`` (the optimizer's)."""
+    out = {}
+    for b, block in enumerate(trunk.blocks):
+        grads = [p.grad for p in block.parameters() if p.grad is not None]
+        if grads:
+            out[f"diag/grad_norm/block_{b}"] = torch.nn.utils.get_total_norm(grads)
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        out["diag/grad_norm/global"] = torch.nn.utils.get_total_norm(grads)
+    return out
+
+
+def _affine_weight(module: nn.Module) -> Tensor | None:
+    if isinstance(module, nn.LayerNorm | nn.RMSNorm) and module.weight is not None:
+        return module.weight
+    return None
+
+
+@torch.no_grad()
+def norm_scales(trunk: Trunk) -> dict[str, Tensor]:
+    """Mean |weight| of every affine norm of the readout and of each residual site (+ siamese_hybrid's g)."""
+    out = {}
+    for name, module in trunk.readout.named_children():
+        weight = _affine_weight(module)
+        if weight is not None:
+            out[f"diag/scale/{name}"] = weight.abs().mean()
+    for b, block in enumerate(trunk.blocks):
+        for s, site in ((2 * b, block.attn_res), (2 * b + 1, block.mlp_res)):
+            for name, module in site.named_modules():
+                weight = _affine_weight(module)
+                if weight is not None:  # Mix-LN nests its site as ``inner``: keep the leaf name
+                    out[f"diag/scale/{name.rsplit('.', 1)[-1]}/sublayer_{s}"] = weight.abs().mean()
+            gain = getattr(site, "gain", None)  # siamese_hybrid: h = g * x + N_Y(y) at attention
+            if isinstance(gain, Tensor):
+                out[f"diag/scale/gain/sublayer_{s}"] = gain.abs().mean()
+    return out
+
+
+class Diagnostics(Callback):
+    """Logs residual-stream RMS, max |activation|, pre-clip gradient norms and norm scales.
+
+    Forward hooks on the trunk's blocks exist only while a logging step's forward runs (attached in
+    ``on_train_batch_start``, removed before backward, so activation-checkpoint recomputation is not
+    counted); with ``residual_rms`` and ``max_activation`` off no hook is ever registered.
+
+    Args:
+        every_n_steps: log every n optimizer steps (step 0 included).
+        residual_rms: ``diag/rms/<stream>/block_<b>``.
+        grad_norms: ``diag/grad_norm/block_<b>`` and ``diag/grad_norm/global`` (before clipping).
+        norm_scales: ``diag/scale/...``: fusion-norm and per-sublayer branch-input norm scales.
+        max_activation: ``diag/max_abs/block_<b>`` and ``diag/max_abs_activation``.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        residual_rms: bool = True,
+        grad_norms: bool = True,
+        norm_scales: bool = True,
+        max_activation: bool = True,
+    ) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.residual_rms, self.grad_norms = residual_rms, grad_norms
+        self.norm_scales, self.max_activation = norm_scales, max_activation
+        self.last: dict[str, float] = {}  # the most recently logged values (for tests and notebooks)
+        self._handles: list[RemovableHandle] = []
+        self._pending: dict[str, Tensor] = {}
+        self._captured_step: int | None = None
+        self._warned = False
+
+    # ----------------------------------------------------------------------------- activations
+    def attach(self, trunk: Trunk) -> None:
+        """Registers one forward hook per block that records its output state's statistics."""
+        self.detach()
+        if not (self.residual_rms or self.max_activation):
+            return
+        for b, block in enumerate(trunk.blocks):
+            self._handles.append(block.register_forward_hook(self._block_hook(b)))
+
+    def detach(self) -> None:
+        """Removes the forward hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _block_hook(self, b: int):
+        def hook(module: nn.Module, args: tuple, output: tuple[State, Tensor]) -> None:
+            streams = stream_dict(output[0])  # Block.forward returns (state, aux)
+            if self.residual_rms:
+                for name, t in streams.items():
+                    self._pending[f"diag/rms/{name}/block_{b}"] = rms(t)
+            if self.max_activation:
+                self._pending[f"diag/max_abs/block_{b}"] = torch.stack(
+                    [t.detach().abs().max().float() for t in streams.values()]
+                ).max()
+
+        return hook
+
+    # ----------------------------------------------------------------------------- Lightning hooks
+    def _due(self, trainer: L.Trainer) -> bool:
+        return trainer.global_step % self.every_n_steps == 0
+
+    def _trunk(self, pl_module: L.LightningModule) -> Trunk | None:
+        trunk = find_trunk(pl_module)
+        if trunk is None and not self._warned:
+            rank_zero_warn("Diagnostics: the module has no Trunk (expected at pl_module.net.trunk); nothing logged")
+            self._warned = True
+        return trunk
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if not self._due(trainer) or self._captured_step == trainer.global_step:
+            return
+        trunk = self._trunk(pl_module)
+        if trunk is None:
+            return
+        self._captured_step = trainer.global_step
+        self._pending = {}
+        self.attach(trunk)
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+        self.detach()
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._captured_step != trainer.global_step:
+            return
+        trunk = self._trunk(pl_module)
+        if trunk is None:
+            return
+        if self.grad_norms:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._pending.update(grad_norms(trunk, params))
+        if self.norm_scales:
+            self._pending.update(norm_scales(trunk))
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        self.detach()
+        if not self._pending or trainer.global_step == self._captured_step:
+            return  # nothing captured, or gradient accumulation: the optimizer step is still to come
+        metrics = {k: float(v) for k, v in self._pending.items()}
+        blocks = [v for k, v in metrics.items() if k.startswith("diag/max_abs/block_")]
+        if blocks:
+            metrics["diag/max_abs_activation"] = max(blocks)
+        self._pending = {}
+        self.last = metrics
+        for logger in pl_module.loggers:
+            logger.log_metrics(metrics, step=self._captured_step)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.detach()

