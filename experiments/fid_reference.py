@@ -12,7 +12,7 @@ import torch
 def _source_of(datamodule) -> tuple[str, int]:
     """(source, image side) of the images behind a latent DataModule."""
     source = str(getattr(datamodule, "source_name", "embedded"))
-    image_size = int(getattr(datamodule, "image_size_of_source", 0) or getattr(datamodule, "source_image_size", 0))
+    image_size = int(getattr(datamodule, "source_image_size", 0))
     if not image_size:
         raise ValueError("the latent cache does not record the image size it was encoded at")
     return source, image_size
