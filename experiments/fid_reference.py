@@ -19,10 +19,11 @@ def _source_of(datamodule) -> tuple[str, int]:
 
 
 def reference_stats_path(datamodule, backend: str, num_images: int) -> Path:
-    """``data/fid_stats/<source>-<size>px-<backend>-<n>.npz``: computed once per dataset."""
+    """``<latent cache>/fid_stats/<source>-<size>px-<backend>-<n>.npz``: computed once per dataset."""
     source, size = _source_of(datamodule)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source).strip("_")
-    return Path("data/fid_stats") / f"{slug}-{size}px-{backend}-{num_images}.npz"
+    root = Path(getattr(datamodule, "cache_dir", None) or "data") / "fid_stats"
+    return root / f"{slug}-{size}px-{backend}-{num_images}.npz"
 
 
 def reference_batches(datamodule, num_images: int, batch_size: int) -> Iterator[torch.Tensor]:
