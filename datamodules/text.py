@@ -20,7 +20,8 @@ from typing import Literal
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Subset
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from torch.utils.data import DataLoader, Sampler, Subset
 
 from datamodules.shards import (
     FORMAT_VERSION,
@@ -227,8 +228,14 @@ class TextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None or self.train_sampler is None:
             raise RuntimeError("call setup('fit') before train_dataloader()")
+        sampler: Sampler[int] = self.train_sampler
+        shard = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        if shard and shard["num_replicas"] > 1:
+            # Rank r takes draws r, r + W, ... of the epoch, in order, so W ranks x batch B see what one process
+            # sees with batch W * B (and a mid-epoch resume lands right). Lightning's own wrapper would also shuffle.
+            sampler = DistributedSamplerWrapper(sampler, shuffle=False, **shard)
         # drop_last keeps every step at (batch_size, seq_len + 1), friendly to torch.compile
-        return self._loader(self.train_dataset, sampler=self.train_sampler, drop_last=True)
+        return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
         if self.val_dataset is None:

@@ -77,7 +77,10 @@ class RandomWindowSampler(Sampler[int]):
 
     The draw depends only on (seed, epoch): Lightning calls `set_epoch` before every epoch
     (and forwards it through its distributed wrapper), so a run is reproducible and every epoch
-    sees fresh windows.
+    sees fresh windows. A run resumed mid-epoch loads ``{"epoch": e, "offset": k}``: the next pass
+    over epoch e starts at its k-th start. The pass is rotated rather than shortened, so ``len`` and
+    Lightning's distributed sharding (rank r takes items r, r + W, ...) stay as they were, and
+    Lightning ends the resumed epoch after the batches that remained.
 
     Args:
         num_starts: Number of valid starts (len of the `TokenWindows`).
@@ -94,8 +97,11 @@ class RandomWindowSampler(Sampler[int]):
         self.num_samples = num_samples
         self.seed = seed
         self.epoch = 0
+        self._resume_offset = 0  # starts of `epoch` consumed before a checkpoint, skipped once
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._resume_offset = 0  # a resume position belongs to the epoch it was saved in
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -103,15 +109,20 @@ class RandomWindowSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
-        starts = torch.randint(0, self.num_starts, (self.num_samples,), generator=generator)
-        return iter(starts.tolist())
+        starts = torch.randint(0, self.num_starts, (self.num_samples,), generator=generator).tolist()
+        if self._resume_offset:
+            k, self._resume_offset = self._resume_offset % self.num_samples, 0
+            starts = starts[k:] + starts[:k]
+        return iter(starts)
 
     def state_dict(self) -> dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch}
+        pending = {"offset": self._resume_offset} if self._resume_offset else {}
+        return {"seed": self.seed, "epoch": self.epoch, **pending}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
+        self._resume_offset = int(state.get("offset", 0))
 
 
 def eval_window_starts(num_tokens: int, seq_len: int, max_windows: int) -> np.ndarray:

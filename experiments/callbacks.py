@@ -13,6 +13,7 @@ from statistics import median
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 def atomic_write_json(path: Path, payload: dict) -> None:
@@ -48,7 +49,10 @@ class RunSummary(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
         if step % self.log_every_n_steps == 0 and "train/loss" in trainer.callback_metrics:
-            self.train_curve.append((step, float(trainer.callback_metrics["train/loss"])))
+            loss = trainer.callback_metrics["train/loss"].detach().float()
+            if trainer.world_size > 1:  # each rank logged its own shard's loss: the curve holds their mean
+                loss = trainer.strategy.reduce(loss, reduce_op="mean")
+            self.train_curve.append((step, float(loss)))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -63,8 +67,14 @@ class RunSummary(Callback):
         self.write(trainer, pl_module)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self.status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "crashed"
+        self.status = "interrupted" if isinstance(exception, KeyboardInterrupt | SIGTERMException) else "crashed"
         self.write(trainer, pl_module, error=f"{type(exception).__name__}: {exception}")
+
+    def state_dict(self) -> dict:
+        return {"train_curve": self.train_curve, "val_curve": self.val_curve}  # a resumed run keeps its curves
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.train_curve, self.val_curve = list(state_dict["train_curve"]), list(state_dict["val_curve"])
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = self._path(trainer)

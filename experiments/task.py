@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from experiments.optim import OptimConfig, build_optimizer
@@ -32,6 +33,13 @@ class TaskModule(L.LightningModule):
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
         return build_optimizer(self.net, self.optim_cfg, total, total / epochs)
+
+    def setup(self, stage: str) -> None:
+        # An EMA copy (timm ModelEmaV3, a submodule so it is checkpointed) is updated by hand, never by autograd:
+        # frozen before the strategy wraps the module, or DDP waits for gradients that never come.
+        ema = getattr(self, "ema", None)
+        if isinstance(ema, torch.nn.Module):
+            ema.requires_grad_(False)
 
     def on_fit_start(self) -> None:
         # Register the key metric with the hparams plugin so runs compare in TensorBoard's HPARAMS tab.

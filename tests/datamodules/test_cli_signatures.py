@@ -19,12 +19,14 @@ PLAIN = (str, int, float, bool, type(None))
 
 
 def _is_plain(annotation: object) -> bool:
-    """str/int/float/bool/None, a Literal of those, or a union of such."""
+    """str/int/float/bool/None, a Literal or a list of those, or a union of such."""
     if annotation in PLAIN:
         return True
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Literal:
         return all(isinstance(a, PLAIN) for a in args)
+    if origin is list:
+        return len(args) == 1 and args[0] in PLAIN
     return origin in (typing.Union, types.UnionType) and all(_is_plain(a) for a in args)
 
 
@@ -41,7 +43,8 @@ def test_every_init_argument_is_typed_with_a_plain_type(cls: type) -> None:
 
 def test_plain_type_check_can_fail() -> None:
     assert _is_plain(int | None) and _is_plain(typing.Literal["a", "b"])
-    assert not _is_plain(list[int]) and not _is_plain(torch.nn.Module | None)
+    assert _is_plain(list[str] | None)
+    assert not _is_plain(dict[str, int]) and not _is_plain(list[torch.Tensor]) and not _is_plain(torch.nn.Module | None)
 
 
 @pytest.mark.parametrize(

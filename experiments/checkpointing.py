@@ -1,0 +1,388 @@
+"""Checkpoints a run can trust: atomic writes, corrupt-file detection, exact resume, a save on SIGTERM/SIGINT.
+
+    save:    torch.save -> <dir>/.<name>.<pid>.tmp -> fsync -> os.replace(<dir>/<name>)   (never half a file)
+    resume:  --ckpt_path last | PATH
+               -> newest readable *.ckpt of the run (a truncated file is skipped with a warning)
+               -> its state dict must fit the configured model (else: "checkpoint X was trained with ...")
+               -> weights, optimizer, LR schedule, loops, callbacks (Lightning)
+                  + global RNG states and the train sampler's position in its epoch (ExactResume)
+    stop:    SIGTERM / first Ctrl-C -> finish the current step -> <dir>/interrupted.ckpt -> exit 143 / 130
+
+Lightning restores the module, optimizer, schedulers, loop progress and callback states on its own.
+It does not restore the global RNG, and it replays a plain DataLoader's epoch from its start; the
+:class:`ExactResume` callback covers both, so a resumed CPU run reproduces the uninterrupted losses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import random
+import signal
+import threading
+import warnings
+import zipfile
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader
+
+from experiments.errors import CheckpointError
+
+INTERRUPTED_NAME = "interrupted.ckpt"
+LIGHTNING_KEYWORDS = ("best", "hpc")  # ckpt_path values Lightning resolves itself
+
+#################################################################################
+#                      Atomic writes, corrupt-file detection                     #
+#################################################################################
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` that never leaves a partial checkpoint and names a corrupt one in one line.
+
+    Lightning's own save goes through a temp file in the system temp dir (a copy, not a rename, when
+    that is another file system) and buffers the whole checkpoint in memory first; this writes the temp
+    file next to the target, fsyncs it and renames it over the target, so a crash or a full disk leaves
+    the previous checkpoint intact.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)  # remote: fsspec's transaction
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # no .ckpt suffix: never taken for a checkpoint
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if isinstance(err, OSError):  # disk full, read-only, a file in the way: one line, old file intact
+                raise CheckpointError(
+                    f"could not write checkpoint {path}: {err.strerror or err}; the previous checkpoint is untouched"
+                ) from err
+            raise
+
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if "://" not in str(path) and (problem := checkpoint_problem(path)):
+            raise CheckpointError(f"checkpoint {path} {problem}")
+        try:
+            return super().load_checkpoint(path, *args, **kwargs)  # map_location: CPU, as Lightning's
+        except (EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:  # damage the zip check cannot see
+            raise CheckpointError(f"checkpoint {path} cannot be read: {str(err).strip().splitlines()[0]}") from err
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Makes a rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not a readable checkpoint ("does not exist", "is truncated ..."), or None.
+
+    Cheap: reads the zip central directory torch.save writes at the end of the file, which a file cut
+    short lacks. A sharded (directory) checkpoint is not inspected.
+    """
+    path = Path(path)
+    if not path.exists():
+        return "does not exist"
+    if path.is_dir():
+        return None
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes)"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+    except zipfile.BadZipFile:
+        return f"is truncated or corrupt ({size} bytes, no zip directory at its end)"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if not any(info.filename.endswith("data.pkl") for info in infos):
+        return "is not a torch checkpoint (a zip file without data.pkl)"
+    if any(info.header_offset + info.compress_size > size for info in infos):
+        return f"is truncated ({size} bytes, shorter than its zip directory says)"
+    return None
+
+
+def newest_readable(directory: Path, exclude: Path | None = None) -> Path | None:
+    """The most recently written readable ``*.ckpt`` in ``directory`` (``exclude`` aside)."""
+    if not directory.is_dir():
+        return None
+    candidates = sorted(directory.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in candidates:
+        if exclude is not None and candidate.resolve() == exclude.resolve():
+            continue
+        if checkpoint_problem(candidate) is None:
+            return candidate
+    return None
+
+
+def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> str | None:
+    """Turns ``--ckpt_path`` into a readable file, falling back to the previous good checkpoint.
+
+    Args:
+        ckpt_path: "last" (the newest readable checkpoint of the run), a file, or a Lightning keyword.
+        checkpoint_dir: the run's checkpoint directory, searched for "last".
+
+    Returns:
+        The path to load, or None when "last" finds nothing (the run starts from scratch, as in Lightning).
+
+    Raises:
+        CheckpointError: the path does not exist, or it is unreadable and no readable checkpoint is beside it.
+    """
+    if ckpt_path in LIGHTNING_KEYWORDS or "://" in ckpt_path or ckpt_path.startswith("registry:"):
+        return ckpt_path
+    if ckpt_path == "last":
+        found = newest_readable(checkpoint_dir)
+        broken = [p for p in checkpoint_dir.glob("*.ckpt") if checkpoint_problem(p)] if checkpoint_dir.is_dir() else []
+        newer_broken = [p for p in broken if found is None or p.stat().st_mtime > found.stat().st_mtime]
+        if newer_broken:
+            names = ", ".join(p.name for p in newer_broken)
+            target = f"resuming from {found}" if found else "starting from scratch"
+            rank_zero_warn(f"skipped unreadable checkpoint(s) {names} in {checkpoint_dir}; {target}")
+        elif found is None:
+            rank_zero_warn(f"--ckpt_path=last: no checkpoint in {checkpoint_dir}; starting from scratch")
+        return str(found) if found else None
+    path = Path(ckpt_path)
+    problem = checkpoint_problem(path)
+    if problem is None:
+        return str(path)
+    if problem == "does not exist":
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    fallback = newest_readable(path.parent, exclude=path)
+    if fallback is None:
+        raise CheckpointError(f"checkpoint {path} {problem}, and no readable checkpoint is beside it")
+    rank_zero_warn(f"checkpoint {path} {problem}; using the newest readable checkpoint beside it: {fallback}")
+    return str(fallback)
+
+
+#################################################################################
+#                  A checkpoint from another model shape or scheme               #
+#################################################################################
+
+
+def _flat_hparams(hparams: Any) -> dict[str, Any]:
+    """hparams as name -> value, config dataclasses (trunk, optim) flattened into their fields."""
+    flat: dict[str, Any] = {}
+    for key, value in dict(hparams or {}).items():
+        if is_dataclass(value) and not isinstance(value, type):
+            value = asdict(value)
+        if isinstance(value, dict):
+            if key == "optim":
+                continue  # optimizer settings never change a state dict
+            flat.update({k: v for k, v in value.items() if not isinstance(v, dict)})
+        else:
+            flat[key.lstrip("_")] = value  # "_class_path": the task module
+    return flat
+
+
+def check_checkpoint_fits(model: L.LightningModule, path: str, weights_only: bool | None = None) -> None:
+    """Raises a one-line :class:`CheckpointError` when ``path``'s weights cannot load into ``model``.
+
+    The message names the hyperparameters that differ, from the checkpoint's saved hparams:
+    "checkpoint X was trained with norm_scheme=siamese, dim=64; this config has norm_scheme=pre, dim=32".
+    """
+    try:
+        safe = True if weights_only is None else weights_only  # only tensors and plain data are unpickled here
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=safe)
+    except Exception:  # noqa: BLE001 - not loadable that way: Lightning's own load reports what is wrong
+        return
+    state = ckpt.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds no 'state_dict'; it is not a Lightning checkpoint")
+    own = model.state_dict()
+    strict = getattr(model, "strict_loading", True)
+    missing = [k for k in own if k not in state] if strict else []
+    unexpected = [k for k in state if k not in own] if strict else []
+    reshaped = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    saved, current = _flat_hparams(ckpt.get("hyper_parameters")), _flat_hparams(model.hparams)
+    differ = [k for k in current if k in saved and saved[k] != current[k]]
+    if not (missing or unexpected or reshaped or "norm_scheme" in differ):
+        return  # (weights of some schemes fit another's layout: the scheme must still agree)
+    counts = f"{len(missing)} missing, {len(unexpected)} unexpected, {len(reshaped)} reshaped tensors"
+    if differ:
+        shown = differ[:6]
+        was = ", ".join(f"{k}={saved[k]}" for k in shown)
+        now = ", ".join(f"{k}={current[k]}" for k in shown)
+        raise CheckpointError(f"checkpoint {path} was trained with {was}; this config has {now} ({counts})")
+    example = (missing or unexpected or reshaped)[0]
+    raise CheckpointError(f"checkpoint {path} does not fit this model ({counts}, e.g. {example!r})")
+
+
+#################################################################################
+#                        Exact resume: RNG and data position                     #
+#################################################################################
+
+
+def rng_states() -> dict[str, Any]:
+    """The global RNG states (torch, CUDA, numpy, python) in types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": cuda,
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                  "has_gauss": has_gauss, "gauss": gauss},
+        "python": random.getstate(),
+    }  # fmt: skip
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if states.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate(states["python"])
+
+
+def _train_sampler(trainer: L.Trainer) -> tuple[Any, int, int] | None:
+    """(resumable sampler, batch size, world size it is sharded over) of the train loader, if any."""
+    loader = trainer.train_dataloader
+    if not isinstance(loader, DataLoader) or loader.batch_size is None:
+        return None
+    sampler, world = loader.sampler, 1
+    if isinstance(sampler, DistributedSamplerWrapper):  # Lightning shards it: rank r takes items r, r+W, ...
+        sampler, world = sampler.dataset._sampler, trainer.world_size
+    if not (hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")):
+        return None
+    return sampler, loader.batch_size, world
+
+
+def sampler_position(trainer: L.Trainer) -> dict[str, int] | None:
+    """The train sampler's state plus where the fit stands: epoch, and samples of it already consumed."""
+    found = _train_sampler(trainer)
+    if found is None:
+        return None
+    sampler, batch_size, world = found
+    epochs = trainer.fit_loop.epoch_progress.current
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # batches trained this epoch
+    epoch, offset = trainer.current_epoch, done * batch_size * world
+    if epochs.started == epochs.completed or done >= trainer.num_training_batches:
+        epoch += int(epochs.started > epochs.completed)  # the epoch is over: the next one starts fresh
+        offset = 0
+    return {**sampler.state_dict(), "epoch": epoch, "offset": offset}
+
+
+class ExactResume(Callback):
+    """Stores what a resumed fit needs beyond Lightning's state: global RNG states and the data position.
+
+    The train sampler of the DataModule (``datamodule.train_sampler``, with ``state_dict`` /
+    ``load_state_dict`` taking an ``offset``) gets its epoch and the number of samples already drawn
+    from it, so the resumed epoch continues with the next unseen batch; the RNG states are put back
+    right before the first resumed step. Under DDP all ranks are seeded alike and draw alike, so rank
+    zero's RNG states stand for every rank.
+    """
+
+    KEY = "exact_resume"
+
+    def __init__(self) -> None:
+        self._pending_rng: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint[self.KEY] = {"rng": rng_states(), "sampler": sampler_position(trainer)}
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        state = checkpoint.get(self.KEY)
+        if state is None:
+            return
+        self._pending_rng = state["rng"]
+        sampler = getattr(trainer.datamodule, "train_sampler", None)
+        if state.get("sampler") and hasattr(sampler, "load_state_dict"):
+            sampler.load_state_dict(state["sampler"])  # before Lightning builds and iterates the train loader
+            # Lightning only knows stateful DataLoaders and would warn that this resume replays the epoch.
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending_rng is not None:
+            set_rng_states(self._pending_rng)  # after the loader's iterator drew its base seed, as in the original run
+            self._pending_rng = None
+
+
+#################################################################################
+#                            A resumable stop on signals                         #
+#################################################################################
+
+
+def checkpoint_dir(trainer: L.Trainer) -> Path:
+    """Where the run's checkpoints live: the first ModelCheckpoint's directory, else <log_dir>/checkpoints."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+            return Path(callback.dirpath)
+    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
+
+
+class InterruptCheckpoint(Callback):
+    """On SIGTERM or a first Ctrl-C during fit: finish the step, save ``interrupted.ckpt``, exit non-zero.
+
+    Lightning turns SIGTERM into a ``SIGTERMException`` after the running step; a first SIGINT is
+    routed the same way (a second one interrupts at once). The checkpoint is written beside the run's
+    other checkpoints, so ``--ckpt_path last`` picks it up. A hard interrupt in the middle of a step
+    saves nothing: the last regular checkpoint is the resume point then.
+    """
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous_sigint: Any = None
+        self._trainer: L.Trainer | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning snapshots the signal handlers, so its teardown puts the original SIGINT handler
+        # back on every exit path, exceptions included.
+        if threading.current_thread() is threading.main_thread():
+            self._trainer = trainer
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        trainer = self._trainer
+        if trainer is None or self.signal_name is not None:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now
+        self.signal_name = "SIGINT"
+        # Lightning's own SIGTERM flag: it stops after the running step with a SIGTERMException.
+        trainer._signal_connector.received_sigterm = True
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+        self._trainer = None
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException | KeyboardInterrupt) or trainer.state.fn != "fit":
+            return
+        name = self.signal_name or ("SIGTERM" if isinstance(exception, SIGTERMException) else "SIGINT")
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        if progress.ready != progress.completed or trainer.global_step == 0:  # inside a step, or before the first
+            exception.add_note(f"interrupted by {name} at step {trainer.global_step}; no checkpoint saved")
+            return
+        path = checkpoint_dir(trainer) / INTERRUPTED_NAME
+        trainer.save_checkpoint(path, weights_only=False)
+        exception.add_note(
+            f"interrupted by {name} at step {trainer.global_step}; saved {path} (resume: the same command "
+            "with --ckpt_path last)"
+        )

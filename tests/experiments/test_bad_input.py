@@ -1,0 +1,248 @@
+"""Bad input ends in one line naming the bad value and what would be valid, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from datamodules.text import TextDataModule
+from experiments.__main__ import main
+from experiments.errors import describe, jsonargparse_line
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "--model.init_args.trunk.dim=32", "--model.init_args.trunk.depth=1", "--model.init_args.trunk.num_heads=2",
+    "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=16", "--data.init_args.batch_size=4",
+    "--data.init_args.eval_samples=4", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, Path]:
+    """A small UTF-8 corpus and its byte-level shard directory (prepared once)."""
+    import pydoc_data.topics
+
+    root = tmp_path_factory.mktemp("text")
+    text = root / "corpus.txt"
+    text.write_text("".join(pydoc_data.topics.topics.values())[:100_000])
+    dm = TextDataModule(source=str(text), data_dir=str(root / "cache"), seq_len=16, batch_size=4)
+    dm.prepare_data()
+    return text, dm.shard_dir
+
+
+def lm(tmp: Path, corpus: tuple[Path, Path], *extra: str, scheme: str = "pre", sub: str = "fit") -> list[str]:
+    text, _ = corpus
+    return [
+        sub, "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / f"configs/norm/{scheme}.yaml"),
+        f"--runs_root={tmp / 'runs'}", f"--data.init_args.source={text}", f"--data.init_args.data_dir={tmp / 'data'}",
+        *TINY, *extra,
+    ]  # fmt: skip
+
+
+def error_line(args: list[str], capsys) -> str:
+    """Runs the CLI in-process; asserts exit status 2, one ``error:`` line and no traceback; returns the line."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err[-3000:]
+    assert "Traceback" not in err
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+#################################################################################
+#                          Config values, caught at parse time                   #
+#################################################################################
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--model.init_args.trunk.norm_scheme=bogus"], ["norm_scheme 'bogus'", "valid: pre, post", "siamese"]),
+        (["--model.init_args.trunk.norm_layer=batchnorm"], ["norm_layer 'batchnorm'", "valid: layernorm, rmsnorm"]),
+        (["--model.init_args.trunk.num_heads=5"], ["dim 32 is not divisible by num_heads 5"]),
+        (["--model.init_args.optim.lr=-0.001"], ["optim.lr must be positive, got -0.001"]),
+        (["--data.init_args.batch_size=0"], ["batch_size=0 must be a positive integer"]),
+        (["--trainer.max_steps=abc"], ["trainer.max_steps: expected int, got abc"]),
+        (["--model.init_args.trunk.nope=1"], ["unrecognized arguments: --trunk.nope=1"]),
+        (["-c", "/nonexistent/overlay.yaml"], ["File does not exist: '/nonexistent/overlay.yaml'"]),
+        (["--ckpt_path=/nonexistent/last.ckpt"], ["checkpoint /nonexistent/last.ckpt does not exist"]),
+    ],
+    ids=["scheme", "norm-layer", "heads", "lr", "batch-size", "not-an-int", "unknown-key", "no-config", "no-ckpt"],
+)
+def test_bad_config_value(extra: list[str], needles: list[str], tmp_path: Path, corpus, capsys):
+    line = error_line(lm(tmp_path, corpus, *extra), capsys)
+    for needle in needles:
+        assert needle in line, line
+    assert not (tmp_path / "runs").exists() or extra[0].startswith("--ckpt_path")  # failed before any run dir
+
+
+#################################################################################
+#                                     Data                                       #
+#################################################################################
+
+
+def test_missing_text_source(tmp_path: Path, corpus, capsys):
+    line = error_line(lm(tmp_path, corpus, f"--data.init_args.source={tmp_path / 'nowhere.txt'}"), capsys)
+    assert f"text source '{tmp_path / 'nowhere.txt'}' does not exist" in line and "'embedded'" in line
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"), [(b"  \n\t\n", "is empty"), (b"caf\xe9 \xff\xfe text", "is not valid UTF-8")]
+)
+def test_empty_or_undecodable_corpus(content: bytes, needle: str, tmp_path: Path, corpus, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    line = error_line(lm(tmp_path, corpus, f"--data.init_args.source={bad}"), capsys)
+    assert str(bad) in line and needle in line
+
+
+def test_tokenizer_that_does_not_match_the_shards(tmp_path: Path, corpus, capsys):
+    _, shards = corpus
+    args = lm(tmp_path, corpus, f"--data.init_args.source={shards}", "--data.init_args.tokenizer=bpe")
+    line = error_line(args, capsys)
+    assert "made with tokenizer=byte vocab_size=256" in line and "set tokenizer=byte" in line
+
+
+def image_args(tmp: Path, root: Path, *extra: str) -> list[str]:
+    return [
+        "fit", "-c", str(ROOT / "configs/vit/deit-tiny.yaml"), f"--runs_root={tmp / 'runs'}",
+        f"--data.init_args.root={root}", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--model.init_args.trunk.dim=16", "--model.init_args.trunk.depth=1", "--model.init_args.trunk.num_heads=2",
+        "--data.init_args.image_size=16", "--model.init_args.patch_size=8", "--data.init_args.batch_size=2",
+        "--data.init_args.num_workers=0", "--data.init_args.auto_augment=null", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["missing", "no-train-dir"])
+def test_missing_or_empty_image_folder(layout: str, tmp_path: Path, capsys):
+    root = tmp_path / "imagenet"
+    if layout == "no-train-dir":
+        root.mkdir()
+    line = error_line(image_args(tmp_path, root), capsys)
+    expected = f"ImageFolder root '{root}' does not exist" if layout == "missing" else f"'{root / 'train'}' is missing"
+    assert expected in line and "train/ and val/" in line
+
+
+def test_unreadable_images_are_skipped_and_counted(tmp_path: Path, recwarn):
+    root = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(root / split / cls / f"{i}.png")
+    (root / "train" / "cat" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")  # a broken file
+    main(image_args(tmp_path, root, "--trainer.fast_dev_run=2", "--data.init_args.batch_size=4"))
+    messages = [str(w.message) for w in recwarn]
+    assert any("skipped unreadable image" in m and "0.png" in m for m in messages), messages
+    assert any("1 unreadable images were skipped" in m for m in messages), messages
+
+
+#################################################################################
+#                        Checkpoints of another model or scheme                  #
+#################################################################################
+
+
+@pytest.fixture(scope="module")
+def siamese_ckpt(tmp_path_factory, corpus) -> Path:
+    tmp = tmp_path_factory.mktemp("siamese")
+    main(lm(tmp, corpus, "--trainer.max_steps=1", "--trainer.val_check_interval=1", "--trainer.limit_val_batches=1",
+            "--trainer.num_sanity_val_steps=0", scheme="siamese"))  # fmt: skip
+    return tmp / "runs" / "lm" / "tiny" / "siamese" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize("sub", ["fit", "test"])
+def test_checkpoint_of_another_scheme_and_shape(sub: str, tmp_path: Path, corpus, siamese_ckpt: Path, capsys):
+    args = lm(tmp_path, corpus, f"--ckpt_path={siamese_ckpt}", "--model.init_args.trunk.dim=48", sub=sub)
+    line = error_line(args, capsys)
+    assert f"checkpoint {siamese_ckpt} was trained with dim=32" in line, line
+    assert "norm_scheme=siamese" in line and "this config has dim=48" in line and "norm_scheme=pre" in line
+
+
+def test_checkpoint_of_another_scheme_whose_tensors_fit_is_refused(tmp_path: Path, corpus, siamese_ckpt: Path, capsys):
+    # post and deepnorm share one state-dict layout: only the saved hparams can tell them apart.
+    payload = torch.load(siamese_ckpt, weights_only=True)
+    payload["hyper_parameters"]["trunk"]["norm_scheme"] = "deepnorm"
+    relabelled = tmp_path / "relabelled.ckpt"
+    torch.save(payload, relabelled)
+    line = error_line(lm(tmp_path, corpus, f"--ckpt_path={relabelled}", scheme="siamese", sub="test"), capsys)
+    assert "was trained with norm_scheme=deepnorm; this config has norm_scheme=siamese (0 missing" in line
+
+
+#################################################################################
+#                     Errors raised deep inside: VAE, FID, jsonargparse          #
+#################################################################################
+
+
+def test_a_directory_that_is_not_an_autoencoder_is_one_line(tmp_path: Path):
+    from experiments.vae import load_vae
+
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "config.json").write_text(json.dumps({"_class_name": "UNet2DModel"}))
+    for path, needle in [
+        (tmp_path / "unet", "holds a 'UNet2DModel', not an AutoencoderKL"),
+        (tmp_path, "no config.json"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            load_vae(str(path))
+        status, line = describe(err.value)
+        assert status == 2 and needle in line and str(path) in line and "\n" not in line
+
+
+def test_missing_fid_reference_statistics_are_one_line(tmp_path: Path):
+    from experiments.fid.stats import load_real_stats
+
+    with pytest.raises(FileNotFoundError) as err:
+        load_real_stats(tmp_path / "imagenet-256px.npz")
+    status, line = describe(err.value)
+    assert status == 2 and str(tmp_path / "imagenet-256px.npz") in line and "--save-real-stats" in line
+    assert "\n" not in line
+
+
+def test_a_bug_is_not_dressed_up_as_bad_input():
+    assert describe(KeyError("oops")) is None and describe(RuntimeError("CUDA error")) is None
+
+
+def test_jsonargparse_union_report_is_reduced_to_its_reason():
+    report = """Parser key "trainer.strategy":
+  Does not validate against any of the Union subtypes
+  Subtypes: [<class 'str'>, <class 'lightning.pytorch.strategies.strategy.Strategy'>]
+  Errors:
+    - Expected a <class 'str'>
+    - Problem with given class_path 'lightning.pytorch.strategies.FSDPStrategy':
+        Option 'limit_all_gathers' is not accepted
+  Given value type: <class 'dict'>"""
+    assert jsonargparse_line(report) == "trainer.strategy: Option 'limit_all_gathers' is not accepted"
+
+
+#################################################################################
+#                 The real command line: status, stderr, --debug                 #
+#################################################################################
+
+
+def test_command_line_prints_one_line_and_exits_2(tmp_path: Path, corpus):
+    args = lm(tmp_path, corpus, "--model.init_args.trunk.norm_scheme=siamesee")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1].startswith("error: unknown norm_scheme 'siamesee'; valid: pre, post")
+    assert "Traceback" not in proc.stderr
+
+
+def test_debug_adds_the_traceback(tmp_path: Path, corpus, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--debug", *lm(tmp_path, corpus, "--model.init_args.trunk.norm_scheme=siamesee")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "Traceback (most recent call last)" in err and "unknown norm_scheme 'siamesee'" in err.splitlines()[-1]

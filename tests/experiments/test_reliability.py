@@ -1,0 +1,291 @@
+"""Faults: exact resume, corrupt checkpoints, SIGTERM / Ctrl-C mid-fit, unwritable output, atomic writes, EMA state."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.__main__ import main
+from experiments.checkpointing import INTERRUPTED_NAME, AtomicCheckpointIO, checkpoint_problem, resolve_checkpoint
+from experiments.errors import SIGINT_EXIT, SIGTERM_EXIT, CheckpointError, OutputDirError
+from experiments.optim import OptimConfig
+from models import TrunkConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+K = 4  # the interrupted run stops after K steps; the uninterrupted one runs 2K
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, Path]:
+    """A small UTF-8 corpus (fast to tokenize) and a shard cache directory shared by the module."""
+    import pydoc_data.topics
+
+    root = tmp_path_factory.mktemp("text")
+    text = root / "corpus.txt"
+    text.write_text("".join(pydoc_data.topics.topics.values())[:200_000])
+    return text, root / "shards"
+
+
+def lm_args(runs: Path, corpus: tuple[Path, Path], *extra: str) -> list[str]:
+    text, shards = corpus
+    return [
+        "fit", "-c", str(ROOT / "configs/lm/tiny.yaml"),
+        f"--runs_root={runs}", f"--data.init_args.source={text}", f"--data.init_args.data_dir={shards}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--model.init_args.trunk.dim=32", "--model.init_args.trunk.depth=2", "--model.init_args.trunk.num_heads=2",
+        "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32", "--data.init_args.batch_size=8",
+        "--data.init_args.eval_samples=8", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
+        "--summary.log_every_n_steps=1",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_dir(runs: Path) -> Path:
+    return runs / "lm" / "tiny" / "pre"
+
+
+def summary(runs: Path) -> dict:
+    return json.loads((run_dir(runs) / "summary.json").read_text())
+
+
+#################################################################################
+#                                  Exact resume                                  #
+#################################################################################
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory, corpus) -> Path:
+    """A run stopped after K steps (last.ckpt at step K, a best checkpoint at step K/2)."""
+    runs = tmp_path_factory.mktemp("interrupted")
+    main(lm_args(runs, corpus, *RESUME_ARGS, f"--trainer.max_steps={K}"))
+    return runs
+
+
+# Warmup covers the first K steps, so a run told max_steps=K follows the same LR as one told 2K (the
+# cosine part depends on max_steps); drop_path draws from the global RNG every step.
+RESUME_ARGS = (
+    f"--model.init_args.optim.warmup_steps={K}",
+    f"--trainer.val_check_interval={K // 2}",
+    "--model.init_args.trunk.drop_path=0.1",
+)
+
+
+def test_resume_continues_the_uninterrupted_trajectory(tmp_path: Path, corpus, interrupted_run: Path):
+    main(lm_args(tmp_path / "full", corpus, *RESUME_ARGS, f"--trainer.max_steps={2 * K}"))
+    resumed = tmp_path / "resumed"
+    shutil.copytree(interrupted_run, resumed)
+    main(lm_args(resumed, corpus, *RESUME_ARGS, f"--trainer.max_steps={2 * K}", "--ckpt_path=last"))
+    full, again = summary(tmp_path / "full"), summary(resumed)
+    assert [s for s, _ in full["train_curve"]] == list(range(1, 2 * K + 1))
+    # Same windows in the same order, same dropout draws, same LR schedule: bit-identical losses on CPU.
+    assert again["train_curve"] == full["train_curve"]
+    assert again["val_curve"] == full["val_curve"]
+    assert again["status"] == "finished" and again["steps"] == 2 * K
+
+
+def test_checkpoint_holds_rng_and_the_samplers_position(interrupted_run: Path):
+    ckpt = torch.load(run_dir(interrupted_run) / "checkpoints" / "last.ckpt", weights_only=True)
+    state = ckpt["exact_resume"]
+    assert state["sampler"] == {"seed": 1234, "epoch": 0, "offset": K * 8}  # K batches of 8 windows consumed
+    assert state["rng"]["torch"].dtype == torch.uint8
+    assert len(ckpt["callbacks"]["RunSummary"]["train_curve"]) == K  # the resumed summary keeps its curve
+
+
+#################################################################################
+#                               Corrupt checkpoints                              #
+#################################################################################
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_truncated_last_falls_back_to_the_previous_good_checkpoint(tmp_path: Path, corpus, interrupted_run: Path):
+    runs = tmp_path / "runs"
+    shutil.copytree(interrupted_run, runs)
+    ckpts = run_dir(runs) / "checkpoints"
+    last = ckpts / "last.ckpt"
+    good = next(p for p in ckpts.glob("epoch=*.ckpt"))  # the best checkpoint (val/loss)
+    good_step = torch.load(good, weights_only=True)["global_step"]
+    truncate(last)
+    assert "truncated" in checkpoint_problem(last)
+    with pytest.raises(CheckpointError, match="truncated"):
+        AtomicCheckpointIO().load_checkpoint(last)
+    with pytest.warns(UserWarning, match=f"skipped unreadable checkpoint.*{last.name}.*resuming from .*{good.name}"):
+        assert resolve_checkpoint("last", ckpts) == str(good)
+    with pytest.warns(UserWarning, match=f"{last}.*truncated.*newest readable checkpoint beside it: .*{good.name}"):
+        main(lm_args(runs, corpus, *RESUME_ARGS, f"--trainer.max_steps={good_step + 1}", f"--ckpt_path={last}"))
+    assert summary(runs)["steps"] == good_step + 1  # resumed from the good checkpoint, not from scratch
+
+
+def test_truncated_checkpoint_without_fallback_is_one_line(tmp_path: Path, corpus, interrupted_run: Path, capsys):
+    lone = tmp_path / "lone" / "last.ckpt"
+    lone.parent.mkdir()
+    shutil.copy(run_dir(interrupted_run) / "checkpoints" / "last.ckpt", lone)
+    truncate(lone)
+    with pytest.raises(SystemExit) as exit_info:
+        main(lm_args(tmp_path / "runs", corpus, f"--ckpt_path={lone}"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert str(lone) in line and "truncated" in line and "no readable checkpoint" in line
+
+
+def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path: Path):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+    with pytest.raises(Exception, match="lambda|pickle"):
+        io.save_checkpoint({"step": 2, "bad": lambda: 0}, path)  # fails halfway through torch.save
+    assert io.load_checkpoint(path) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temp file left behind
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match="could not write checkpoint .*previous checkpoint is untouched"):
+        io.save_checkpoint({"step": 3}, tmp_path / "file" / "x.ckpt")
+
+
+#################################################################################
+#                            SIGTERM / Ctrl-C mid-fit                            #
+#################################################################################
+
+
+def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the run ended (status {proc.returncode}) before {path} appeared")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} did not appear within {timeout} s")
+        time.sleep(0.2)
+
+
+def test_sigterm_saves_a_resumable_checkpoint_and_exits_143(tmp_path: Path, corpus):
+    runs = tmp_path / "runs"
+    args = lm_args(runs, corpus, "--trainer.val_check_interval=2", "--trainer.max_steps=100000")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(run_dir(runs) / "checkpoints" / "last.ckpt", proc)  # training is under way
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    err = err.decode()
+    assert proc.returncode == SIGTERM_EXIT, err[-2000:]
+    assert "Traceback" not in err
+    interrupted = run_dir(runs) / "checkpoints" / INTERRUPTED_NAME
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "interrupted by SIGTERM at step" in line and str(interrupted) in line
+    stopped = summary(runs)
+    assert stopped["status"] == "interrupted" and checkpoint_problem(interrupted) is None
+    step = stopped["steps"]
+    # The same command with --ckpt_path last picks the interrupted checkpoint (the newest) and goes on.
+    main(lm_args(runs, corpus, "--trainer.val_check_interval=2", f"--trainer.max_steps={step + 2}", "--ckpt_path=last"))
+    resumed = summary(runs)
+    assert resumed["status"] == "finished" and resumed["steps"] == step + 2
+    assert [s for s, _ in resumed["train_curve"]] == list(range(1, step + 3))
+
+
+def test_first_ctrl_c_finishes_the_step_saves_and_exits_130(tmp_path: Path, corpus, capsys):
+    runs = tmp_path / "runs"
+    last = run_dir(runs) / "checkpoints" / "last.ckpt"
+
+    def interrupt_when_training() -> None:
+        deadline = time.monotonic() + 60
+        while not last.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # delivered to the main thread, inside trainer.fit
+
+    watcher = threading.Thread(target=interrupt_when_training, daemon=True)
+    watcher.start()
+    with pytest.raises(SystemExit) as exit_info:
+        main(lm_args(runs, corpus, "--trainer.val_check_interval=2", "--trainer.max_steps=100000"))
+    watcher.join()
+    assert exit_info.value.code == SIGINT_EXIT
+    assert "interrupted by SIGINT at step" in capsys.readouterr().err
+    assert checkpoint_problem(run_dir(runs) / "checkpoints" / INTERRUPTED_NAME) is None
+    assert summary(runs)["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
+
+
+#################################################################################
+#                              Unwritable output                                 #
+#################################################################################
+
+
+def test_run_dir_blocked_by_a_file_is_one_line_and_leaves_earlier_runs(tmp_path: Path, corpus, capsys):
+    runs = tmp_path / "runs"
+    earlier = runs / "lm" / "tiny" / "other" / "summary.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text('{"status": "finished"}')
+    (runs / "lm" / "blocked").write_text("a file where the experiment directory should be")
+    with pytest.raises(SystemExit) as exit_info:
+        main(lm_args(runs, corpus, "--experiment=blocked", "--trainer.max_steps=1"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert f"{runs / 'lm' / 'blocked'} is a file" in line
+    assert earlier.read_text() == '{"status": "finished"}'
+    assert sorted(p.name for p in (runs / "lm").iterdir()) == ["blocked", "tiny"]
+
+
+def test_full_disk_is_caught_before_training(tmp_path: Path, monkeypatch):
+    from experiments.cli import ensure_writable
+    from experiments.errors import describe
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("experiments.cli.open", full_disk, raising=False)  # the probe write hits a full disk
+    with pytest.raises(OutputDirError) as err:
+        ensure_writable(tmp_path / "runs" / "lm" / "tiny" / "pre")
+    assert describe(err.value) == (
+        2,
+        f"cannot write to run directory {tmp_path}/runs/lm/tiny/pre: No space left on device",
+    )
+    assert list((tmp_path / "runs" / "lm" / "tiny" / "pre").iterdir()) == []  # no probe left behind
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through read-only permissions")
+def test_read_only_runs_root_is_one_line(tmp_path: Path, corpus, capsys):
+    runs = tmp_path / "ro"
+    runs.mkdir(mode=0o500)
+    with pytest.raises(SystemExit) as exit_info:
+        main(lm_args(runs, corpus, "--trainer.max_steps=1"))
+    assert exit_info.value.code == 2
+    assert "cannot write to run directory" in capsys.readouterr().err
+
+
+#################################################################################
+#                                EMA in checkpoints                              #
+#################################################################################
+
+
+def test_ema_is_part_of_the_state_dict_and_frozen():
+    from experiments.vit import ImageClassification
+
+    trunk = TrunkConfig(dim=16, depth=1, num_heads=2)
+    module = ImageClassification(trunk, OptimConfig(), num_classes=3, img_size=8, patch_size=4, ema_decay=0.9)
+    keys = module.state_dict().keys()
+    assert {f"ema.module.{k}" for k in module.net.state_dict()} <= set(keys)  # checkpointed with the weights
+    module.setup("fit")
+    assert not any(p.requires_grad for p in module.ema.parameters())  # DDP must not wait for EMA gradients
+    assert all(p.requires_grad for p in module.net.parameters())
