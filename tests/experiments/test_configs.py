@@ -98,3 +98,14 @@ def test_paper_configs_build_paper_sizes(path: str, low: float, high: float):
 
 def test_norm_overlays_cover_every_scheme():
     assert {p.stem for p in (ROOT / "configs/norm").glob("*.yaml")} == {s.value for s in NormScheme}
+
+
+@pytest.mark.parametrize("overlay", sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("configs/trainer/*.yaml")))
+def test_trainer_overlays_stack_on_a_task_config(overlay: str):
+    config = parse("configs/lm/tiny.yaml", overlay)
+    assert config.trainer.precision is not None
+
+
+def test_vae_config_parses():
+    config = parse("configs/vae/tiny.yaml")
+    assert config.model.class_path.endswith("AutoencoderTraining")
