@@ -1,0 +1,251 @@
+"""The training-step benchmark: its table, its memory and FLOP measures against hand counts, compiled vs
+eager trunks, the reference pairs, and the GPU script's CPU smoke mode. No timing is asserted."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from experiments import bench
+from experiments.bench import COLUMNS, SIZES, Candidate, Options, make_batch, reference, saved_tensor_bytes, step_flops
+from models import TrunkConfig
+from models.layers import rope_tables
+from models.presets import PRESETS
+from models.trunk import Trunk
+
+ROOT = Path(__file__).resolve().parents[2]
+F32 = 4  # bytes
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # the CLI sets 1 thread on CPU; leave the session as it was
+
+
+def read_rows(out: Path) -> list[dict[str, str]]:
+    with open(out / "bench.csv") as f:
+        return list(csv.DictReader(f))
+
+
+#################################################################################
+#                                The table                                      #
+#################################################################################
+
+
+def test_bench_writes_table_with_exact_unit_ratios_for_pre_vs_pre(tmp_path: Path):
+    argv = ["--task", "lm", "--size", "micro", "--schemes", "pre,pre", "--steps", "2", "--warmup", "0"]
+    argv += ["--data-batches", "5", "--data-dir", str(tmp_path / "text"), "--out", str(tmp_path / "out")]
+    bench.main(argv)
+    rows = read_rows(tmp_path / "out")
+    with open(tmp_path / "out" / "bench.csv") as f:
+        assert next(csv.reader(f)) == COLUMNS
+    schemes = {r["name"]: r for r in rows if r["group"] == "schemes"}
+    assert list(schemes) == ["pre", "pre#2"]
+    for r in schemes.values():
+        # two builds of one model save the same tensors and hold the same parameters, exactly
+        assert float(r["act_ratio"]) == 1.0 and float(r["alive_ratio"]) == 1.0 and float(r["param_ratio"]) == 1.0
+        # two independent counts of activation memory: saved-tensor hook and profiler memory events
+        assert float(r["alive_mb"]) == pytest.approx(float(r["act_mb"]), rel=0.05)
+        assert float(r["act_mb"]) > 0 and float(r["step_ms"]) > 0 and r["unit"] == "tokens/s"
+    assert float(schemes["pre"]["step_ratio"]) == 1.0  # each round's time over itself
+    assert 0 < float(schemes["pre#2"]["step_ratio"]) < math.inf
+    tokens = SIZES["micro"]["lm"].batch_size * SIZES["micro"]["lm"].net["max_seq_len"]
+    r = schemes["pre"]
+    assert float(r["throughput"]) == pytest.approx(tokens / (float(r["step_ms"]) / 1e3))
+    (data,) = [r for r in rows if r["group"] == "data"]
+    assert float(data["throughput"]) > 0 and float(data["step_ratio"]) > 0
+    text = (tmp_path / "out" / "bench.md").read_text()
+    assert "python -m experiments.bench --task lm --size micro --schemes pre,pre" in text
+    assert f"torch: {torch.__version__}" in text and "threads: 1 intra-op" in text
+    assert "| pre#2 |" in text and "data loading vs training" in text
+
+
+def test_bench_compares_schemes_and_reference_on_vit(tmp_path: Path):
+    argv = ["--task", "vit", "--size", "micro", "--schemes", "pre,siamese", "--steps", "1", "--warmup", "0"]
+    bench.main(argv + ["--out", str(tmp_path)])
+    rows = read_rows(tmp_path)
+    assert [(r["group"], r["name"]) for r in rows] == [
+        ("schemes", "pre"),
+        ("schemes", "siamese"),
+        ("reference", "timm VisionTransformer"),
+        ("reference", "ours (pre)"),
+    ]
+    siamese = rows[1]
+    assert float(siamese["act_ratio"]) > 1.0  # two extra norm inputs per sublayer are saved
+    assert float(siamese["param_ratio"]) > 1.0
+    assert float(rows[3]["act_ratio"]) == 1.0 and float(rows[3]["param_ratio"]) == 1.0  # same network as timm's
+    assert "same weights" in rows[3]["note"]
+
+
+def test_checkpointed_two_stream_memory_is_seen_by_the_profiler(tmp_path: Path):
+    """Checkpointing keeps a NamedTuple block input outside autograd's saved tensors: the profiler count
+    still sees both streams, and the activation target is judged on it."""
+    argv = ["--task", "lm", "--size", "micro", "--schemes", "pre,siamese", "--steps", "1", "--warmup", "0"]
+    rows = bench.main(argv + ["--checkpointing", "--no-reference", "--data-batches", "0", "--out", str(tmp_path)])
+    pre, siamese = rows
+    assert siamese.alive_ratio > siamese.act_ratio
+    assert siamese.alive_mb - pre.alive_mb > 0  # the second stream of every block input
+
+
+def siamese_row(act_mb: float, alive_mb: float, step_ratio: float = 1.05) -> bench.Row:
+    return bench.Row("lm", "tiny", "schemes", "siamese", "pre", 10.0, 9.0, 11.0, 1.0, "tokens/s", step_ratio,
+                     act_mb, act_mb / 20, alive_mb, alive_mb / 20, 1, 1.0, 1.0)  # fmt: skip
+
+
+def test_targets_judge_activation_memory_on_the_count_that_sees_everything():
+    agree = bench.targets([siamese_row(act_mb=25.4, alive_mb=25.4)])
+    assert [(t.what, t.value, t.met) for t in agree] == [
+        ("lm/tiny siamese/pre step time", 1.05, True),
+        ("lm/tiny siamese/pre activation memory", pytest.approx(1.27), False),
+    ]
+    checkpointed = bench.targets([siamese_row(act_mb=20.0, alive_mb=36.0, step_ratio=1.2)])
+    assert [(t.what, t.value, t.met) for t in checkpointed] == [
+        ("lm/tiny siamese/pre step time", 1.2, False),
+        ("lm/tiny siamese/pre activation memory (profiler)", pytest.approx(1.8), False),
+    ]
+
+
+def test_unknown_scheme_is_refused():
+    with pytest.raises(SystemExit, match="unknown scheme 'prenorm'"):
+        bench.parse_schemes("pre,prenorm")
+    assert bench.parse_schemes("pre,siamese,pre") == ["pre", "siamese", "pre#2"]
+
+
+#################################################################################
+#                         Hand-counted memory and FLOPs                          #
+#################################################################################
+
+
+def test_saved_tensor_bytes_of_linear_gelu_is_the_hand_count():
+    lin = nn.Linear(8, 16)
+    x = torch.randn(4, 8)
+    nbytes, out = saved_tensor_bytes(lambda: F.gelu(lin(x)), lin.parameters())
+    # Linear saves its input x (for the weight gradient); GELU saves its input, the Linear output.
+    assert nbytes == (4 * 8 + 4 * 16) * F32
+    x.requires_grad_()  # now the input gradient needs the weight: it is saved too, and counted unless excluded
+    nbytes, out = saved_tensor_bytes(lambda: F.gelu(lin(x)), lin.parameters())
+    assert nbytes == (4 * 8 + 4 * 16) * F32
+    nbytes, out = saved_tensor_bytes(lambda: F.gelu(lin(x)))
+    assert nbytes == (4 * 8 + 4 * 16 + 16 * 8) * F32
+
+
+def test_saved_tensor_bytes_counts_a_storage_once():
+    lin = nn.Linear(8, 16)
+    x = torch.randn(4, 8)
+
+    def fn():
+        a1, a2 = lin(x).chunk(2, dim=-1)  # two views of one (4, 16) storage, each saved by its GELU
+        return F.gelu(a1) + F.gelu(a2)
+
+    nbytes, out = saved_tensor_bytes(fn, lin.parameters())
+    assert nbytes == (4 * 8 + 4 * 16) * F32
+
+
+def test_step_flops_is_the_hand_count():
+    class TwoLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.fc1(x)))
+
+    b = 5
+    c = Candidate("mlp", TwoLayer(), lambda m, batch: m(batch[0]).square().mean(), (torch.randn(b, 8),), Options())
+    forward = 2 * b * (8 * 16 + 16 * 4)
+    backward = 2 * (2 * b * 16 * 4) + 2 * b * 8 * 16  # fc2: input and weight gradients; fc1: weight only
+    assert step_flops(c) == forward + backward
+
+
+def test_step_flops_counts_cpu_attention():
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    class Attend(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Parameter(torch.randn(2, 3, 10, 8))
+
+        def forward(self, kv):
+            return F.scaled_dot_product_attention(self.q, kv, kv, is_causal=True)
+
+    shape = (2, 3, 10, 8)
+    c = Candidate("sdpa", Attend(), lambda m, batch: m(batch[0]).sum(), (torch.randn(shape),), Options())
+    assert step_flops(c) == sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(shape, *[shape] * 3) > 0
+
+
+#################################################################################
+#                          Reference implementations                            #
+#################################################################################
+
+
+@pytest.mark.parametrize("task", ["vit", "dit"])
+def test_reference_pair_computes_the_same_loss(task: str):
+    w = SIZES["micro"][task]
+    ref = reference(w)
+    assert not isinstance(ref, str) and ref.same_weights
+    batch = make_batch(w, torch.device("cpu"))
+    ref.theirs.eval()
+    ref.ours.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(bench.OUR_LOSS[task](ref.ours, batch), ref.loss(ref.theirs, batch))
+
+
+def test_lm_reference_is_skipped_with_a_note_without_transformers():
+    if importlib.util.find_spec("transformers") is not None:
+        pytest.skip("transformers is installed: the LlamaForCausalLM comparison runs instead")
+    note = reference(SIZES["micro"]["lm"])
+    assert isinstance(note, str) and "transformers is not installed" in note
+
+
+#################################################################################
+#                              Compiled vs eager                                 #
+#################################################################################
+
+
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile on CPU needs a C++ compiler"
+)
+@pytest.mark.parametrize("scheme", ["pre", "siamese"])
+def test_compiled_trunk_matches_eager(scheme: str):
+    """The tiny LM's trunk (one block, to keep the compile short) through inductor, in one graph."""
+    cfg = TrunkConfig(**{**PRESETS["lm-tiny"].trunk, "norm_scheme": scheme, "depth": 1})
+    trunk = Trunk(cfg).eval()
+    x, rope = torch.randn(2, 16, cfg.dim), rope_tables(16, cfg.dim // cfg.num_heads)
+    with torch.no_grad():
+        eager = trunk(x, rope=rope, is_causal=True)
+        # scalar C++ kernels compile several times faster than vectorized ones; the fusion is the same
+        with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
+            compiled = torch.compile(trunk, fullgraph=True)(x, rope=rope, is_causal=True)
+    torch.testing.assert_close(compiled, eager)
+
+
+#################################################################################
+#                                  GPU script                                    #
+#################################################################################
+
+
+def test_gpu_bench_cpu_smoke_reports_flops_and_mfu(tmp_path: Path):
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "scripts" / "gpu_bench.py")
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    argv = ["--cpu-smoke", "--tasks", "dit", "--schemes", "pre,siamese", "--steps", "1", "--warmup", "0"]
+    rows = gpu_bench.main(argv + ["--peak-tflops", "0.5", "--out", str(tmp_path)])
+    assert [r.name for r in rows] == ["pre", "siamese", "diffusers DiTTransformer2DModel", "ours (pre)"]
+    for r in rows:
+        assert r.tflop > 0
+        assert r.mfu == pytest.approx(r.tflop / (r.step_ms / 1e3) / 0.5)
+    assert rows[1].tflop == rows[0].tflop  # SiameseNorm adds norms and additions, no matmul
+    assert "TFLOP/step" in (tmp_path / "bench.md").read_text()
+    assert gpu_bench.peak_tflops("NVIDIA H200") == 989.0 and math.isnan(gpu_bench.peak_tflops("cpu"))
+    assert gpu_bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
