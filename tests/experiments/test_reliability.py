@@ -214,6 +214,7 @@ def test_first_ctrl_c_finishes_the_step_saves_and_exits_130(tmp_path: Path, corp
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)  # delivered to the main thread, inside trainer.fit
 
+    handler_before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest itself runs as a background job
     watcher = threading.Thread(target=interrupt_when_training, daemon=True)
     watcher.start()
     with pytest.raises(SystemExit) as exit_info:
@@ -223,7 +224,7 @@ def test_first_ctrl_c_finishes_the_step_saves_and_exits_130(tmp_path: Path, corp
     assert "interrupted by SIGINT at step" in capsys.readouterr().err
     assert checkpoint_problem(run_dir(runs) / "checkpoints" / INTERRUPTED_NAME) is None
     assert summary(runs)["status"] == "interrupted"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
+    assert signal.getsignal(signal.SIGINT) is handler_before  # the handler was put back
 
 
 #################################################################################
