@@ -35,8 +35,8 @@ from datamodules.latents import META_FILE, LatentCacheMeta, LatentShardWriter, r
 from experiments.vae import load_vae
 
 # Settings a rerun must share with an existing cache for it to be reused.
-IDENTITY_KEYS = ("vae_path", "vae_sha256", "scaling_factor", "shift_factor", "source", "image_size", "count",
-                 "flip", "sample", "dtype", "shard_size")  # fmt: skip
+IDENTITY_KEYS = ("vae_path", "vae_sha256", "scaling_factor", "shift_factor", "source", "source_name", "image_size",
+                 "count", "flip", "sample", "dtype", "shard_size")  # fmt: skip
 
 
 def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
@@ -50,20 +50,25 @@ def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
     return Image.fromarray(arr[crop_y : crop_y + image_size, crop_x : crop_x + image_size])
 
 
-def embedded_source(image_size: int) -> tuple[Dataset, list[str], str]:
-    """(dataset of uint8 (3, S, S) images and labels, class names, name) of the embedded train split."""
+def embedded_source(image_size: int, limit: int | None = None) -> tuple[Dataset, list[str], str]:
+    """(dataset of uint8 (3, S, S) images and labels, class names, name) of the embedded train split.
+
+    The images are resized once, as `EmbeddedImageDataModule` does, so the VAE sees what it trained on.
+    """
     train = load_embedded_images("train")
-    images = resize_uint8(torch.from_numpy(np.ascontiguousarray(train.images)).unsqueeze(1), image_size)
-    return UInt8ImageDataset(images, torch.from_numpy(train.labels), image_size), list(train.class_names), train.name
+    images = torch.from_numpy(np.ascontiguousarray(train.images[:limit])).unsqueeze(1)  # (N, 1, H, W)
+    labels = torch.from_numpy(train.labels[:limit])
+    dataset = UInt8ImageDataset(resize_uint8(images, image_size), labels, image_size)
+    return dataset, list(train.class_names), train.name
 
 
 def image_folder_source(root: str, image_size: int) -> tuple[Dataset, list[str], str]:
-    """(dataset of uint8 (3, S, S) center crops and labels, class names, folder name) of an ImageFolder."""
+    """(dataset of uint8 (3, S, S) center crops and labels, class names, absolute root) of an ImageFolder."""
     if not Path(root).is_dir():
         raise FileNotFoundError(f"--image-folder {root!r} is not a directory of class directories")
     crop = functools.partial(center_crop_arr, image_size=image_size)  # picklable for worker processes
     folder = ImageFolder(root, transform=v2.Compose([crop, v2.PILToTensor()]))
-    return SkipBrokenImages(folder), list(folder.classes), Path(root).resolve().name
+    return SkipBrokenImages(folder), list(folder.classes), str(Path(root).resolve())
 
 
 def vae_fingerprint(vae_dir: str | Path) -> str:
@@ -121,16 +126,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out, flip = Path(args.out), not args.no_flip
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    vae = load_vae(args.vae).to(device).eval()
-    if args.image_folder is not None:
-        dataset, class_names, name = image_folder_source(args.image_folder, args.image_size)
-        source = f"image-folder:{Path(args.image_folder).resolve()}"
-    else:
-        dataset, class_names, name = embedded_source(args.image_size)
-        source = "embedded"
-    if args.limit is not None:
-        dataset = Subset(dataset, range(min(args.limit, len(dataset))))
-    latent_hw = args.image_size // 2 ** (len(vae.config.block_out_channels) - 1)
+    try:
+        vae = load_vae(args.vae).to(device).eval()
+        if args.image_folder is not None:
+            dataset, class_names, name = image_folder_source(args.image_folder, args.image_size)
+            source = "image-folder"
+        else:
+            dataset, class_names, name = embedded_source(args.image_size, args.limit)
+            source = "embedded"
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    if args.limit is not None and len(dataset) > args.limit:
+        dataset = Subset(dataset, range(args.limit))
+    downsample = 2 ** (len(vae.config.block_out_channels) - 1)  # each encoder block but the last halves the side
+    if args.image_size % downsample:
+        raise SystemExit(
+            f"error: --image-size {args.image_size} is not a multiple of the VAE's downsampling {downsample}"
+        )
+    latent_hw = args.image_size // downsample
     meta = LatentCacheMeta(
         num_classes=len(class_names),
         class_names=class_names,

@@ -52,8 +52,9 @@ class LatentCacheMeta:
         shift_factor: The VAE's shift (None for SD VAEs), subtracted before scaling.
         vae_path: Absolute path of the VAE directory; decode with ``z / scaling_factor + shift``.
         vae_sha256: Hash of the VAE weights file, so a retrained VAE at the same path is noticed.
-        source: "embedded" or "image-folder:<root>".
-        source_name: Dataset name, e.g. "fashion-mnist" or the folder's name.
+        source: "embedded" or "image-folder".
+        source_name: The embedded dataset's name ("fashion-mnist", "sklearn-digits"), or the absolute
+            ImageFolder root (FID reference images are read from it).
         image_size: Side of the images that were encoded.
         count: Number of source images (rows per set).
         flip: Whether the ``latents_flip_*`` set exists.
@@ -211,7 +212,7 @@ class LatentShards:
             raise ValueError(f"{str(self.cache_dir)!r} was encoded with --no-flip: there are no flipped latents")
         shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
         arrays = self._flipped if flipped else self._latents
-        return np.asarray(arrays[shard][index - self.offsets[shard]], dtype=np.float32)
+        return np.array(arrays[shard][index - self.offsets[shard]], dtype=np.float32)  # a copy, off the mmap
 
 
 class LatentDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -241,8 +242,9 @@ class LatentDataModule(L.LightningDataModule):
     """Pre-encoded VAE latents for the DiT task.
 
     Validation is ``round(val_fraction * count)`` source images (at least one when the fraction is
-    positive) drawn by a permutation seeded with ``seed``; train is the rest. Train items come from
-    either orientation at random (when the cache has flips); validation items are never flipped.
+    positive) drawn by a permutation seeded with ``seed``; train is the rest; test and predict reuse
+    validation. Train items come from either orientation at random (when the cache has flips);
+    validation items are never flipped.
 
     Args:
         cache_dir: Directory written by ``python -m datamodules.encode_latents``.
@@ -303,7 +305,13 @@ class LatentDataModule(L.LightningDataModule):
 
     @property
     def source_name(self) -> str:
+        """Embedded dataset name, or the absolute ImageFolder root the latents were encoded from."""
         return self.meta.source_name
+
+    @property
+    def source_image_size(self) -> int:
+        """Side of the images that were encoded (the VAE's input and the decoded samples' size)."""
+        return self.meta.image_size
 
     def split_indices(self) -> tuple[np.ndarray, np.ndarray]:
         """(train rows, val rows), sorted, disjoint, a pure function of ``count``, ``val_fraction`` and ``seed``."""
@@ -337,4 +345,12 @@ class LatentDataModule(L.LightningDataModule):
         return self._loader(self.train_index, train=True)
 
     def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_index, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation split (the cache holds one source split; FID reference images come from elsewhere)."""
+        return self._loader(self.val_index, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Validation (latent, label) batches: the generation task uses their labels."""
         return self._loader(self.val_index, train=False)

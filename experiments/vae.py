@@ -77,7 +77,7 @@ def load_vae(path: str) -> AutoencoderKL:
     if class_name != "AutoencoderKL":
         raise ValueError(f"{str(directory)!r} holds a {class_name!r}, not an AutoencoderKL")
     try:
-        return AutoencoderKL.from_pretrained(str(directory), local_files_only=True)
+        return AutoencoderKL.from_pretrained(str(directory), local_files_only=True, low_cpu_mem_usage=False)
     except (OSError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"could not load the AutoencoderKL in {str(directory)!r}: {first_line}") from None

@@ -1,0 +1,195 @@
+"""The latent cache: encode_latents writes it, LatentDataModule reads it back exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from datamodules.encode_latents import main
+from datamodules.images import load_embedded_images, resize_uint8
+from datamodules.latents import LatentDataModule, LatentShards, read_latent_meta
+from experiments.vae import build_vae, load_vae
+
+SCALE = 0.7
+LIMIT = 40
+
+
+@pytest.fixture(scope="module")
+def vae_dir(tmp_path_factory):
+    """A tiny random AutoencoderKL (16 px -> 4x8x8) saved with a known scaling factor."""
+    torch.manual_seed(0)
+    vae = build_vae([8, 16], layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=16)
+    vae.register_to_config(scaling_factor=SCALE)
+    path = tmp_path_factory.mktemp("vae")
+    vae.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def embedded_images():
+    """The first LIMIT embedded train images as uint8 (N, 3, 16, 16), and their labels."""
+    train = load_embedded_images("train")
+    images = resize_uint8(torch.from_numpy(train.images[:LIMIT].copy()).unsqueeze(1), 16).expand(-1, 3, -1, -1)
+    return images, torch.from_numpy(train.labels[:LIMIT])
+
+
+@torch.no_grad()
+def reference_latents(vae_dir, images: torch.Tensor) -> torch.Tensor:
+    """Posterior means of uint8 images mapped to [-1, 1], times the scaling factor."""
+    vae = load_vae(str(vae_dir)).eval()
+    return vae.encode(images.float() / 127.5 - 1).latent_dist.mean * SCALE
+
+
+def encode(vae_dir, out, *extra: str) -> int:
+    argv = ["--vae", str(vae_dir), "--out", str(out), "--image-size", "16", "--limit", str(LIMIT)]
+    return main([*argv, "--batch-size", "12", "--shard-size", "16", *extra])
+
+
+@pytest.fixture(scope="module")
+def cache32(vae_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cache") / "f32"
+    assert encode(vae_dir, out, "--dtype", "float32") == 0
+    return out
+
+
+def stacked(shards: LatentShards, flipped: bool = False) -> torch.Tensor:
+    return torch.from_numpy(np.stack([shards.latent(i, flipped) for i in range(len(shards))]))
+
+
+def test_round_trip_float32(cache32, vae_dir, embedded_images):
+    images, labels = embedded_images
+    shards = LatentShards(cache32)
+    torch.testing.assert_close(stacked(shards), reference_latents(vae_dir, images), atol=1e-5, rtol=1e-5)
+    flipped = reference_latents(vae_dir, torch.flip(images, dims=[-1]))
+    torch.testing.assert_close(stacked(shards, flipped=True), flipped, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(flipped, stacked(shards))  # the flip changes the latents
+    np.testing.assert_array_equal(shards.labels, labels.numpy())
+
+
+def test_meta_and_shards(cache32, vae_dir):
+    meta = read_latent_meta(cache32)
+    assert (meta.count, meta.num_classes, meta.latent_shape, meta.flip) == (LIMIT, 10, [4, 8, 8], True)
+    assert meta.scaling_factor == pytest.approx(SCALE) and meta.vae_path == str(vae_dir.resolve())
+    assert [s["count"] for s in meta.shards] == [16, 16, 8]  # batches of 12 straddle shard boundaries
+    assert meta.shards[1] == {
+        "latents": "latents_00001.npy", "latents_flip": "latents_flip_00001.npy", "labels": "labels_00001.npy",
+        "count": 16,
+    }  # fmt: skip
+    assert np.load(cache32 / "latents_00002.npy").shape == (8, 4, 8, 8)
+    assert np.load(cache32 / "latents_00000.npy").dtype == np.float32
+    assert not list(cache32.glob("*.tmp*"))
+
+
+def test_float16_default_round_trip(vae_dir, embedded_images, tmp_path):
+    images, _ = embedded_images
+    encode(vae_dir, tmp_path / "f16")
+    shards = LatentShards(tmp_path / "f16")
+    assert np.load(tmp_path / "f16" / "latents_00000.npy").dtype == np.float16
+    torch.testing.assert_close(stacked(shards), reference_latents(vae_dir, images), atol=2e-3, rtol=2e-3)
+
+
+def test_datamodule_split_and_batches(cache32, vae_dir):
+    dm = LatentDataModule(str(cache32), batch_size=8, val_fraction=0.25, seed=1)
+    assert (dm.num_classes, dm.latent_size, dm.latent_channels) == (10, 8, 4)
+    assert dm.scaling_factor == pytest.approx(SCALE) and dm.vae_path == str(vae_dir.resolve())
+    assert len(dm.class_names) == 10 and dm.source_name in ("fashion-mnist", "sklearn-digits")
+    assert dm.source_image_size == 16
+    dm.setup("fit")
+    train, val = dm.train_index, dm.val_index
+    assert len(val) == 10 and len(set(train) | set(val)) == LIMIT and not set(train) & set(val)
+    again = LatentDataModule(str(cache32), val_fraction=0.25, seed=1)
+    again.setup("fit")
+    np.testing.assert_array_equal(again.val_index, val)
+    other = LatentDataModule(str(cache32), val_fraction=0.25, seed=2)
+    other.setup("fit")
+    assert not np.array_equal(other.val_index, val)
+
+    latents, labels = next(iter(dm.train_dataloader()))
+    assert latents.dtype == torch.float32 and latents.shape == (8, 4, 8, 8) and labels.dtype == torch.int64
+    shards = dm.shards
+    val_latents, val_labels = next(iter(dm.val_dataloader()))  # never flipped, in row order
+    torch.testing.assert_close(val_latents, torch.from_numpy(np.stack([shards.latent(i) for i in val[:8]])))
+    np.testing.assert_array_equal(val_labels.numpy(), shards.labels[val[:8]])
+    seen = set()
+    for i in range(len(train)):  # every train item is its row's latent in one of the two orientations
+        latent, label = dm.train_dataloader().dataset[i]
+        row = train[i]
+        assert label.item() == shards.labels[row]
+        is_flipped = torch.equal(latent, torch.from_numpy(shards.latent(row, flipped=True)))
+        assert is_flipped or torch.equal(latent, torch.from_numpy(shards.latent(row)))
+        seen.add(is_flipped)
+    assert seen == {True, False}
+
+
+def test_rerun_skips_and_other_settings_refuse(vae_dir, tmp_path, capsys):
+    out = tmp_path / "cache"
+    encode(vae_dir, out)
+    stamp = (out / "meta.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert encode(vae_dir, out) == 0
+    assert "cache exists" in capsys.readouterr().out
+    assert (out / "meta.json").stat().st_mtime_ns == stamp
+    with pytest.raises(SystemExit, match="flip"):
+        encode(vae_dir, out, "--no-flip")
+    encode(vae_dir, out, "--no-flip", "--overwrite")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["flip"] is False and meta["shards"][0]["latents_flip"] is None
+    dm = LatentDataModule(str(out), batch_size=4)  # no flips: train items are the plain latents
+    dm.setup("fit")
+    latent, _ = dm.train_dataloader().dataset[0]
+    torch.testing.assert_close(latent, torch.from_numpy(dm.shards.latent(int(dm.train_index[0]))))
+
+
+def test_sample_is_seeded(vae_dir, tmp_path, cache32):
+    encode(vae_dir, tmp_path / "a", "--sample", "--dtype", "float32", "--no-flip")
+    encode(vae_dir, tmp_path / "b", "--sample", "--dtype", "float32", "--no-flip")
+    a, b = LatentShards(tmp_path / "a"), LatentShards(tmp_path / "b")
+    torch.testing.assert_close(stacked(a), stacked(b))
+    assert not torch.allclose(stacked(a), stacked(LatentShards(cache32)), atol=1e-3)
+
+
+def test_command_errors_are_one_line(vae_dir, tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["--vae", str(tmp_path / "no-vae"), "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match="not a directory"):
+        main(["--vae", str(vae_dir), "--out", str(tmp_path / "out"), "--image-folder", str(tmp_path / "no-images")])
+    with pytest.raises(SystemExit, match="multiple"):
+        main(["--vae", str(vae_dir), "--out", str(tmp_path / "out"), "--image-size", "15", "--limit", "2"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_cache_tells_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m datamodules.encode_latents") as err:
+        LatentDataModule(str(tmp_path / "nope"))
+    assert "does not exist" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(FileNotFoundError, match="no meta.json"):
+        LatentDataModule(str(tmp_path))
+
+
+def test_image_folder_center_crop(vae_dir, tmp_path):
+    rng = np.random.default_rng(0)
+    sizes = {"cat": [(40, 24), (16, 16)], "dog": [(20, 70)]}  # (width, height)
+    for cls, whs in sizes.items():
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for k, (w, h) in enumerate(whs):
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "imgs" / cls / f"{k}.png")
+    out = tmp_path / "cache"
+    main(["--vae", str(vae_dir), "--out", str(out), "--image-folder", str(tmp_path / "imgs"), "--image-size", "16"]
+         + ["--dtype", "float32"])  # fmt: skip
+    meta = read_latent_meta(out)
+    assert (meta.count, meta.class_names, meta.source) == (3, ["cat", "dog"], "image-folder")
+    assert meta.source_name == str((tmp_path / "imgs").resolve())  # FID reads reference images from it
+    shards = LatentShards(out)
+    np.testing.assert_array_equal(shards.labels, [0, 0, 1])
+    # 40x24 -> bicubic to 27x16 (short side 16) -> center columns 5:21.
+    image = Image.open(tmp_path / "imgs" / "cat" / "0.png").convert("RGB").resize((27, 16), Image.BICUBIC)
+    crop = torch.from_numpy(np.array(image)[:, 5:21]).permute(2, 0, 1)[None]  # (1, 3, 16, 16)
+    torch.testing.assert_close(torch.from_numpy(shards.latent(0)[None]), reference_latents(vae_dir, crop))
+    # 20x70: 70 >= 2 * 16 is false for the short side 20, so only bicubic 16x56, center rows 20:36.
+    image = Image.open(tmp_path / "imgs" / "dog" / "0.png").convert("RGB").resize((16, 56), Image.BICUBIC)
+    crop = torch.from_numpy(np.array(image)[20:36]).permute(2, 0, 1)[None]
+    torch.testing.assert_close(torch.from_numpy(shards.latent(2)[None]), reference_latents(vae_dir, crop))
