@@ -75,5 +75,5 @@ class LanguageModeling(TaskModule):
         texts = [tokenizer.decode(row.tolist()) for row in out]
         for prompt, text in zip(batch, texts, strict=True):
             head = tokenizer.decode(prompt.tolist())
-            print(f"--- sample {batch_idx}\n[{head}]{text[len(head):]}", flush=True)
+            print(f"--- sample {batch_idx}\n[{head}]{text[len(head) :]}", flush=True)
         return texts
