@@ -79,7 +79,6 @@ class LatentDiffusion(TaskModule):
         self.ema = ModelEmaV3(self.net, decay=ema_decay, use_warmup=True)
         self.train_scheduler = make_scheduler("ddpm", num_train_timesteps, beta_schedule, learn_sigma)
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
-        self._vae = None
         self._val_count = 0
 
     # ----------------------------------------------------------------------------- training
@@ -117,14 +116,15 @@ class LatentDiffusion(TaskModule):
     # ----------------------------------------------------------------------------- sampling
     @property
     def vae(self):
-        """The VAE decoder (loaded lazily from ``vae_path``, never part of the checkpoint)."""
-        if self._vae is None:
+        """The VAE decoder, loaded lazily from ``vae_path``. Kept in ``__dict__``, not registered as a
+        submodule, so it never enters the checkpoint or the optimizer."""
+        if self.__dict__.get("_vae") is None:
             if self.hparams.vae_path is None:
                 raise ValueError("vae_path is not set: decoding samples needs the VAE that made the latents")
             from experiments.vae import load_vae
 
-            self._vae = load_vae(self.hparams.vae_path).to(self.device).eval()
-        return self._vae
+            self.__dict__["_vae"] = load_vae(self.hparams.vae_path).eval()
+        return self.__dict__["_vae"].to(self.device)
 
     @torch.no_grad()
     def generate(self, labels: Tensor, seed: int = 0, decode: bool = True) -> Tensor:

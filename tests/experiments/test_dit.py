@@ -108,9 +108,12 @@ def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, latent_cache: Pa
 @pytest.mark.slow
 def test_fit_then_test_reports_fid_with_backend(tmp_path: Path, latent_cache: Path, capsys):
     run("fit", tmp_path, latent_cache, "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-        "--trainer.limit_val_batches=1", scheme="siamese")  # fmt: skip
+        "--trainer.limit_val_batches=1", "--model.init_args.sample_grid_every_n_val=1",
+        "--model.init_args.sample_steps=2", scheme="siamese")  # fmt: skip
     ckpt = tmp_path / "dit" / "tiny" / "siamese" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
+    # The sample grid loaded the VAE; it must not have entered the checkpoint.
+    assert not [k for k in torch.load(ckpt, weights_only=False)["state_dict"] if "vae" in k]
     fid = ["--model.init_args.fid_samples=8", "--model.init_args.fid_real_images=16",
            "--model.init_args.sample_steps=3", "--model.init_args.fid_batch_size=8",
            "--trainer.limit_test_batches=1"]  # fmt: skip
