@@ -67,8 +67,8 @@ class Block(nn.Module):
         cond: Tensor | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
         is_causal: bool = False,
-    ) -> tuple[State, Tensor]:
-        """Returns the new state and this block's auxiliary loss (MoE load balancing, else 0)."""
+    ) -> tuple[State, Tensor | None]:
+        """Returns the new state and this block's auxiliary loss (MoE load balancing; None if dense)."""
         mods = self.adaLN(cond) if self.adaLN is not None else (None,) * 6
         inp, state = self.attn_res.prepare(state)
         out = self.attn(self._modulate(inp, mods[0], mods[1]), rope=rope, is_causal=is_causal)
@@ -76,7 +76,7 @@ class Block(nn.Module):
 
         inp, state = self.mlp_res.prepare(state)
         out = self.mlp(self._modulate(inp, mods[3], mods[4]))
-        out, aux = out if self.is_moe else (out, out.new_zeros(()))
+        out, aux = out if self.is_moe else (out, None)
         state = self.mlp_res.update(state, self._gate(out, mods[5]))
         return state, aux
 
@@ -202,5 +202,6 @@ class Trunk(nn.Module):
                 state, block_aux = checkpoint(block, state, cond, rope, is_causal, use_reentrant=False)
             else:
                 state, block_aux = block(state, cond, rope, is_causal)
-            aux = aux + block_aux
+            if block_aux is not None:  # dense blocks add nothing to the hot path
+                aux = aux + block_aux
         return state, aux
