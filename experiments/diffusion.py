@@ -79,11 +79,12 @@ def vlb_term(scheduler: DDPMScheduler, x0: Tensor, xt: Tensor, t: Tensor, eps: T
     # ADM clips the log posterior variance at t = 0 (where it is 0) to its value at t = 1.
     var_1 = betas[1] * (1 - ac[0]) / (1 - ac[1])
     post_logvar = torch.log(torch.where(t.view(-1, 1, 1, 1) == 0, var_1, post_var))
-    true_mean = (a_prev.sqrt() * beta_t / (1 - a_t)) * x0 + ((1 - beta_t).sqrt() * (1 - a_prev) / (1 - a_t)) * xt
+    coef_x0, coef_xt = a_prev.sqrt() * beta_t / (1 - a_t), (1 - beta_t).sqrt() * (1 - a_prev) / (1 - a_t)
+    true_mean = coef_x0 * x0 + coef_xt * xt  # mean of q(x_{t-1} | x_t, x_0)
     frac = (var_out + 1) / 2
     model_logvar = frac * torch.log(beta_t) + (1 - frac) * post_logvar
     pred_x0 = (xt - (1 - a_t).sqrt() * eps.detach()) / a_t.sqrt()
-    model_mean = (a_prev.sqrt() * beta_t / (1 - a_t)) * pred_x0 + ((1 - beta_t).sqrt() * (1 - a_prev) / (1 - a_t)) * xt
+    model_mean = coef_x0 * pred_x0 + coef_xt * xt  # the same posterior, with the predicted x_0
     kl = _normal_kl(true_mean, post_logvar, model_mean, model_logvar).mean(dim=(1, 2, 3)) / math.log(2.0)
     # t = 0: Gaussian negative log-likelihood of x0 under the decoder (continuous data: latents).
     nll = 0.5 * (model_logvar + (x0 - model_mean) ** 2 / model_logvar.exp() + math.log(2 * math.pi))
