@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from experiments.cli import SuiteCLI
@@ -59,18 +60,11 @@ def _network(config):
     init = config.model.init_args
     trunk = TrunkConfig(**init.trunk)
     task = config.model.class_path.rsplit(".", 1)[-1]
-    import torch
-
     with torch.device("meta"):
-        if task == "LanguageModeling":
-            vocab = (
-                init.get("vocab_size")
-                if config.data.init_args.tokenizer == "byte"
-                else config.data.init_args.bpe_vocab_size
-            )
-            return LanguageModel(
-                trunk, 256 if config.data.init_args.tokenizer == "byte" else vocab, init.get("seq_len") or 128
-            )
+        if task == "LanguageModeling":  # what the DataModule would link: 256 bytes or the BPE vocabulary
+            data = config.data.init_args
+            vocab = 256 if data.tokenizer == "byte" else data.bpe_vocab_size
+            return LanguageModel(trunk, vocab, data.seq_len)
         if task == "ImageClassification":
             return ViTClassifier(trunk, 224, init.patch_size, 3, 1000)
         return DiT(trunk, 32, init.patch_size, 4, 1000, learn_sigma=init.learn_sigma)
