@@ -32,7 +32,7 @@ from torchvision.transforms import v2
 from datamodules.image_folder import SkipBrokenImages
 from datamodules.images import UInt8ImageDataset, load_embedded_images, resize_uint8
 from datamodules.latents import META_FILE, LatentCacheMeta, LatentShardWriter, read_latent_meta
-from experiments.vae import load_vae
+from models.vae import load_vae
 
 # Settings a rerun must share with an existing cache for it to be reused.
 IDENTITY_KEYS = ("vae_path", "vae_sha256", "scaling_factor", "shift_factor", "source", "source_name", "image_size",

@@ -121,7 +121,7 @@ class LatentDiffusion(TaskModule):
         if self.__dict__.get("_vae") is None:
             if self.hparams.vae_path is None:
                 raise ValueError("vae_path is not set: decoding samples needs the VAE that made the latents")
-            from experiments.vae import load_vae
+            from models.vae import load_vae
 
             self.__dict__["_vae"] = load_vae(self.hparams.vae_path).eval()
         return self.__dict__["_vae"].to(self.device)

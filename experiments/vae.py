@@ -1,4 +1,4 @@
-"""Train a small diffusers ``AutoencoderKL`` from scratch, and load local ones (``sd-vae-ft-ema``).
+"""Train a small diffusers ``AutoencoderKL`` from scratch (the network and its loader live in :mod:`models.vae`).
 
     images in [-1, 1] --encode--> q(z|x) = N(mean, std^2) --sample--> z --decode--> reconstruction
     loss = |x - rec|_1 (or MSE)  +  kl_weight * KL(q(z|x) || N(0, I))      (KL summed per image)
@@ -6,12 +6,11 @@
 At fit end (rank 0) the latent scaling factor is measured as ``1 / std(mean latents)`` over up to
 ``scaling_images`` training images (the Stable Diffusion recipe that gave 0.18215), written into the
 VAE config and the VAE is saved with ``save_pretrained``; the DiT latent cache
-(``python -m datamodules.encode_latents --vae DIR``) reads it back with `load_vae`.
+(``python -m datamodules.encode_latents --vae DIR``) reads it back with :func:`models.vae.load_vae`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -29,58 +28,9 @@ from torchmetrics.image import PeakSignalNoiseRatio
 from torchvision.utils import make_grid
 
 from experiments.optim import warmup_cosine
+from models.vae import build_vae
 
-__all__ = ["AutoencoderTraining", "VaeLosses", "build_vae", "compute_scaling_factor", "load_vae"]
-
-
-def build_vae(
-    block_out_channels: Sequence[int],
-    layers_per_block: int,
-    latent_channels: int,
-    norm_num_groups: int,
-    in_channels: int = 3,
-    sample_size: int = 32,
-) -> AutoencoderKL:
-    """A fresh ``AutoencoderKL``; each block after the first halves the side (3 blocks: 32 px -> 8x8)."""
-    if any(c % norm_num_groups for c in block_out_channels):
-        raise ValueError(f"block_out_channels={list(block_out_channels)} must be multiples of {norm_num_groups=}")
-    n = len(block_out_channels)
-    return AutoencoderKL(
-        in_channels=in_channels,
-        out_channels=in_channels,
-        down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=tuple(block_out_channels),
-        layers_per_block=layers_per_block,
-        latent_channels=latent_channels,
-        norm_num_groups=norm_num_groups,
-        sample_size=sample_size,
-    )
-
-
-def load_vae(path: str) -> AutoencoderKL:
-    """Loads a ``save_pretrained`` AutoencoderKL directory (ours, or a local ``sd-vae-ft-ema``); never downloads.
-
-    Raises:
-        ValueError: One line naming the path when it is missing or holds no AutoencoderKL.
-    """
-    directory = Path(path)
-    config = directory / "config.json"
-    if not directory.is_dir():
-        raise ValueError(f"VAE directory {str(directory)!r} does not exist (train one: configs/vae/tiny.yaml)")
-    if not config.is_file():
-        raise ValueError(f"{str(directory)!r} is not a diffusers model directory: no config.json")
-    try:
-        class_name = json.loads(config.read_text()).get("_class_name")
-    except (json.JSONDecodeError, AttributeError) as err:
-        raise ValueError(f"{str(config)!r} is not a valid diffusers config: {err}") from None
-    if class_name != "AutoencoderKL":
-        raise ValueError(f"{str(directory)!r} holds a {class_name!r}, not an AutoencoderKL")
-    try:
-        return AutoencoderKL.from_pretrained(str(directory), local_files_only=True, low_cpu_mem_usage=False)
-    except (OSError, ValueError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"could not load the AutoencoderKL in {str(directory)!r}: {first_line}") from None
+__all__ = ["AutoencoderTraining", "VaeLosses", "compute_scaling_factor"]
 
 
 @torch.no_grad()
@@ -263,7 +213,7 @@ class AutoencoderTraining(L.LightningModule):
         """Measures the scaling factor on ``batches``, stores it in the VAE config, and saves the VAE.
 
         Returns:
-            The directory written (load it with `load_vae`).
+            The directory written (load it with `models.vae.load_vae`).
         """
         factor = compute_scaling_factor(self.vae, batches, self.hparams.scaling_images)
         if not math.isfinite(factor):

@@ -12,7 +12,7 @@ from PIL import Image
 from datamodules.encode_latents import main
 from datamodules.images import load_embedded_images, resize_uint8
 from datamodules.latents import LatentDataModule, LatentShards, read_latent_meta
-from experiments.vae import build_vae, load_vae
+from models.vae import build_vae, load_vae
 
 SCALE = 0.7
 LIMIT = 40

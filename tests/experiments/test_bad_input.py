@@ -184,7 +184,7 @@ def test_checkpoint_of_another_scheme_whose_tensors_fit_is_refused(tmp_path: Pat
 
 
 def test_a_directory_that_is_not_an_autoencoder_is_one_line(tmp_path: Path):
-    from experiments.vae import load_vae
+    from models.vae import load_vae
 
     (tmp_path / "unet").mkdir()
     (tmp_path / "unet" / "config.json").write_text(json.dumps({"_class_name": "UNet2DModel"}))
