@@ -38,6 +38,7 @@ class RunSummary(Callback):
         self.train_curve: list[tuple[int, float]] = []
         self.val_curve: list[tuple[int, dict[str, float]]] = []
         self.start = time.perf_counter()
+        self.earlier_wall_time_s = 0.0  # spent before the checkpoint this run resumed from
         self.status = "running"
 
     def _path(self, trainer: L.Trainer) -> Path | None:
@@ -70,11 +71,15 @@ class RunSummary(Callback):
         self.status = "interrupted" if isinstance(exception, KeyboardInterrupt | SIGTERMException) else "crashed"
         self.write(trainer, pl_module, error=f"{type(exception).__name__}: {exception}")
 
-    def state_dict(self) -> dict:
-        return {"train_curve": self.train_curve, "val_curve": self.val_curve}  # a resumed run keeps its curves
+    def wall_time_s(self) -> float:
+        return self.earlier_wall_time_s + time.perf_counter() - self.start
+
+    def state_dict(self) -> dict:  # a resumed run keeps its curves and its clock
+        return {"train_curve": self.train_curve, "val_curve": self.val_curve, "wall_time_s": self.wall_time_s()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.train_curve, self.val_curve = list(state_dict["train_curve"]), list(state_dict["val_curve"])
+        self.earlier_wall_time_s = state_dict.get("wall_time_s", 0.0)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = self._path(trainer)
@@ -100,7 +105,7 @@ class RunSummary(Callback):
                 "status": self.status,
                 "error": error,
                 "steps": trainer.global_step,
-                "wall_time_s": time.perf_counter() - self.start,
+                "wall_time_s": self.wall_time_s(),
                 "final_train_loss": self.train_curve[-1][1] if self.train_curve else None,
                 "final_val": final_val,
                 "diverged_at": detector.diverged_at if detector else None,

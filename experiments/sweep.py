@@ -4,10 +4,14 @@
 
 Each run is a separate ``python -m experiments fit`` process writing its own run directory, so a
 crash or divergence in one run never takes the sweep down. Started again, the sweep skips a run whose
-``summary.json`` says it finished (or diverged) and reruns, from an emptied run directory, one that
-was killed mid-way ("running"), crashed or was interrupted. The comparison (markdown + CSV
-table, PNG plots, TensorBoard custom-scalars layout) is rebuilt from those summary files at the end:
-see :mod:`experiments.compare`.
+``summary.json`` says it finished (or diverged) and resumes one that was interrupted, killed mid-way
+("running") or crashed from its newest readable checkpoint (``--ckpt_path last``, an exact resume;
+from scratch when it has none). ``--restart`` reruns those from an emptied directory instead.
+
+Ctrl-C or SIGTERM stops the sweep cleanly: no new run starts, the running ones are stopped the way a
+single run is (they save ``interrupted.ckpt``), and the sweep exits 130 / 143 saying how to resume.
+The comparison (markdown + CSV table, PNG plots, TensorBoard custom-scalars layout) is rebuilt from
+the summary files at the end: see :mod:`experiments.compare`.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +36,45 @@ from experiments.compare import write_comparison
 from models.schemes import NormScheme
 
 DONE = ("finished", "diverged")
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as shells report them
+
+
+class SweepStopped(Exception):
+    """Raised in the main thread when the sweep receives SIGTERM (Ctrl-C raises KeyboardInterrupt)."""
+
+
+class Children:
+    """The run processes alive right now, so a stopped sweep can stop them too and start no others.
+
+    Runs start in their own session: a Ctrl-C in the terminal reaches only the sweep, which forwards
+    exactly one signal per stop to each run (a second SIGINT would make a run stop without saving).
+    """
+
+    def __init__(self) -> None:
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def call(self, argv: list[str], **kwargs) -> int:
+        """``subprocess.call`` that registers the process; refuses to start once the sweep is stopping."""
+        with self._lock:
+            if self.stopping.is_set():
+                return SIGNAL_EXIT[signal.SIGTERM]
+            proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+            self._procs.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+
+    def stop(self, signum: int) -> int:
+        """Starts no new run and sends ``signum`` to the running ones; returns how many were running."""
+        with self._lock:
+            self.stopping.set()
+            for proc in self._procs:
+                proc.send_signal(signum)
+            return len(self._procs)
 
 
 @dataclass
@@ -144,46 +189,68 @@ def previous_status(summary: Path) -> str | None:
         return "crashed"
 
 
-def run_one(run: Run, spec: SweepSpec, sweep_dir: Path, index: int, total: int) -> str:
-    """Runs (or skips) one run; prints one progress line; returns its status."""
-    name = run.name(spec)
-    summary = sweep_dir / name / "summary.json"
+def has_checkpoint(run_dir: Path) -> bool:
+    return any((run_dir / "checkpoints").glob("*.ckpt"))
+
+
+def run_one(
+    run: Run, spec: SweepSpec, sweep_dir: Path, index: int, total: int, children: Children, restart: bool = False
+) -> str:
+    """Runs, resumes or skips one run; prints one progress line; returns its status."""
+    name, tag = run.name(spec), f"[{index}/{total}] {run.name(spec)}"
+    run_dir = sweep_dir / name
+    summary = run_dir / "summary.json"
     previous = previous_status(summary)
     if previous in DONE:
-        print(f"[{index}/{total}] {name}: already done ({previous}), skipped", flush=True)
+        print(f"{tag}: already done ({previous}), skipped", flush=True)
         return "skipped"
-    if (sweep_dir / name).exists():  # killed mid-way ("running" or no summary yet), crashed, interrupted
-        print(f"[{index}/{total}] {name}: previous attempt {previous or 'left no summary'}, rerunning", flush=True)
-        shutil.rmtree(sweep_dir / name)  # start over, so TensorBoard does not overlay the two attempts
+    if children.stopping.is_set():
+        return "not started"
+    argv = run.argv(spec)
+    if run_dir.exists():  # interrupted, killed mid-way ("running" or no summary yet), crashed
+        attempt = f"previous attempt {previous or 'left no summary'}"
+        if restart or not has_checkpoint(run_dir):
+            print(f"{tag}: {attempt}, rerunning from scratch", flush=True)
+            shutil.rmtree(run_dir)  # so TensorBoard does not overlay the two attempts
+        else:
+            print(f"{tag}: {attempt}, resuming from its last checkpoint", flush=True)
+            argv.append("--ckpt_path=last")  # the newest readable checkpoint; curves continue exactly
     log = sweep_dir / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if spec.parallel > 1:  # share the cores instead of oversubscribing them
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.parallel))
-    print(f"[{index}/{total}] {name}: running (log: {log})", flush=True)
+    print(f"{tag}: running (log: {log})", flush=True)
     start = time.perf_counter()
-    with log.open("w") as fh:
-        code = subprocess.call(run.argv(spec), stdout=fh, stderr=subprocess.STDOUT, env=env)
+    with log.open("a" if "--ckpt_path=last" in argv else "w") as fh:
+        code = children.call(argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
         if code == 0 and spec.test:
-            ckpts = sorted((sweep_dir / name / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+            ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
             if ckpts:  # the newest checkpoint (last.ckpt is written after the best one)
                 test_argv = run.argv(spec, "test") + [f"--ckpt_path={ckpts[-1]}"]
-                code = subprocess.call(test_argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
+                code = children.call(test_argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
             else:
-                print(f"[{index}/{total}] {name}: no checkpoint to test", flush=True)
-    status = json.loads(summary.read_text()).get("status", "?") if summary.exists() else "crashed"
-    if code != 0 and status not in DONE:
+                print(f"{tag}: no checkpoint to test", flush=True)
+    record = json.loads(summary.read_text()) if summary.exists() else {}
+    status = record.get("status", "crashed")
+    if status == "interrupted":
+        print(f"{tag}: interrupted at step {record.get('steps', '?')} (run the sweep again to resume)", flush=True)
+    elif code != 0 and status not in DONE:
         status = "crashed"
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        print(f"[{index}/{total}] {name}: CRASHED (exit {code}): {tail[0][:200]}", flush=True)
+        print(f"{tag}: CRASHED (exit {code}): {tail[0][:200]}", flush=True)
     else:
-        metric = (json.loads(summary.read_text()).get("final_val") or {}).get(spec.metric)
+        metric = (record.get("final_val") or {}).get(spec.metric)
         shown = f"{spec.metric} {metric:.4g}" if metric is not None else ""
-        print(f"[{index}/{total}] {name}: {status} in {time.perf_counter() - start:.0f} s {shown}", flush=True)
+        print(f"{tag}: {status} in {time.perf_counter() - start:.0f} s {shown}", flush=True)
     if status == "crashed" and not summary.exists():
         summary.parent.mkdir(parents=True, exist_ok=True)
         summary.write_text(json.dumps({"scheme": run.scheme, "lr": run.lr, "status": "crashed", "error": str(log)}))
     return status
+
+
+def _raise_stopped(signum: int, frame) -> None:
+    raise SweepStopped
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,6 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("sweep_file", help="sweep YAML, e.g. configs/sweeps/demo.yaml")
     parser.add_argument("--parallel", type=int, default=None, help="runs at once (overrides the file)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    parser.add_argument(
+        "--restart", action="store_true", help="rerun unfinished runs from scratch instead of resuming them"
+    )
     args = parser.parse_args(argv[1:] if argv and argv[0] == "sweep" else argv)
     try:
         spec = SweepSpec.load(args.sweep_file)
@@ -205,8 +275,30 @@ def main(argv: list[str] | None = None) -> None:
             print(" ".join(run.argv(spec)))
         return
     print(f"sweep {spec.name}: {len(runs)} runs, {spec.parallel} at a time, into {sweep_dir}", flush=True)
-    with ThreadPoolExecutor(spec.parallel) as pool:
-        list(pool.map(lambda ir: run_one(ir[1], spec, sweep_dir, ir[0] + 1, len(runs)), enumerate(runs)))
+    children, stopped_by = Children(), None
+    previous_handler = signal.signal(signal.SIGTERM, _raise_stopped)
+    pool = ThreadPoolExecutor(spec.parallel)
+    try:
+        futures = [
+            pool.submit(run_one, run, spec, sweep_dir, i + 1, len(runs), children, args.restart)
+            for i, run in enumerate(runs)
+        ]
+        for future in futures:
+            future.result()
+    except (KeyboardInterrupt, SweepStopped) as stop:
+        stopped_by = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+        running = children.stop(stopped_by)
+        print(f"sweep {spec.name}: {stopped_by.name}, {running} running run(s) saving interrupted.ckpt", flush=True)
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        except (KeyboardInterrupt, SweepStopped):  # asked again: the runs stop now, without saving
+            children.stop(signal.SIGINT)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGTERM, previous_handler)
+    if stopped_by is not None:
+        print(f"sweep {spec.name} stopped: run the same command again to resume it", file=sys.stderr, flush=True)
+        raise SystemExit(SIGNAL_EXIT[stopped_by])
     outputs = write_comparison(sweep_dir, [r.name(spec) for r in runs], spec.metric)
     print(outputs["markdown"].read_text())
     for kind, path in outputs.items():

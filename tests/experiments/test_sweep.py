@@ -1,9 +1,13 @@
-"""Divergence / spike detection, and the sweep: skip what is done, rerun what was killed, compare."""
+"""Divergence / spike detection, and the sweep: skip what is done, resume what was stopped, compare."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from statistics import median
 from types import SimpleNamespace
@@ -140,31 +144,91 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
     assert picked == ["diag/rms/post/block_1", "diag/rms/pre/block_1"]
     assert "block 2" not in charts  # depth 2, read from the runs' config.yaml
 
-    # A run killed mid-way (summary says running), crashed or interrupted runs again from an emptied
-    # directory; the diverged one is skipped. The real run was proven above: here a stand-in process.
+    # An unfinished run (killed mid-way: summary says running; crashed; interrupted) resumes from its
+    # newest checkpoint; without one, or with --restart, it runs again from an emptied directory. The
+    # diverged one is skipped. Real runs were proven above (and resuming below): here a stand-in process.
     run_dir, calls = sweep_dir / "siamese-lr0.001", []
 
-    def fake_run(argv, **kwargs) -> int:
+    def fake_run(self, argv, **kwargs) -> int:
         calls.append(argv)
-        assert not run_dir.exists()  # the stale attempt was removed first
-        run_dir.mkdir(parents=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(json.dumps({"scheme": "siamese", "lr": 1e-3, "status": "finished"}))
         return 0
 
-    monkeypatch.setattr(sweep.subprocess, "call", fake_run)
-    for previous in ("running", "crashed", "interrupted"):
+    monkeypatch.setattr(sweep.Children, "call", fake_run)
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    assert checkpoint.exists()
+    cases = [
+        ("running", [], True),
+        ("crashed", [], True),
+        ("interrupted", [], True),
+        ("interrupted", ["--restart"], False),
+    ]
+    for previous, flags, resumes in cases:
+        if not checkpoint.exists():  # removed by the --restart case
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            checkpoint.write_bytes(b"checkpoint")
         summary = json.loads((run_dir / "summary.json").read_text())
         (run_dir / "summary.json").write_text(json.dumps(summary | {"status": previous}))
-        sweep.main(["sweep", str(sweep_file)])
+        sweep.main(["sweep", str(sweep_file), *flags])
         out = capsys.readouterr().out
-        assert f"[1/2] siamese-lr0.001: previous attempt {previous}, rerunning" in out, out
+        how = "resuming from its last checkpoint" if resumes else "rerunning from scratch"
+        assert f"[1/2] siamese-lr0.001: previous attempt {previous}, {how}" in out, out
         assert "[1/2] siamese-lr0.001: finished in" in out, out
         assert "[2/2] siamese-lr1000: already done (diverged), skipped" in out, out
-    assert len(calls) == 3 and all("--model.init_args.optim.lr=0.001" in argv for argv in calls)
+        assert ("--ckpt_path=last" in calls[-1]) == resumes and checkpoint.exists() == resumes
+    (run_dir / "summary.json").write_text(json.dumps({"status": "running"}))  # killed before any checkpoint
+    sweep.main(["sweep", str(sweep_file)])
+    assert "previous attempt running, rerunning from scratch" in capsys.readouterr().out
+    assert len(calls) == 5 and all("--model.init_args.optim.lr=0.001" in argv for argv in calls)
     assert len(list(sweep_dir.glob("events.out.tfevents.*"))) == 1  # the layout was replaced, not added
 
     sweep.main(["sweep", str(sweep_file)])  # everything done: nothing runs
-    assert capsys.readouterr().out.count("skipped") == 2 and len(calls) == 3
+    assert capsys.readouterr().out.count("skipped") == 2 and len(calls) == 5
+
+
+def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    spec = {
+        "name": "stop",
+        "configs": [str(ROOT / "configs/lm/tiny.yaml")],
+        "schemes": ["pre"],
+        "lrs": [1e-3, 2e-3],
+        "args": [*TINY, f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=40",
+                 "--trainer.val_check_interval=5", "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=1",
+                 "--summary.log_every_n_steps=1",
+                 "--trainer.callbacks+=tests.experiments.pacing.Pace", "--trainer.callbacks.seconds=0.1"],
+        "runs_root": str(tmp_path / "runs"),
+    }  # fmt: skip
+    sweep_file = tmp_path / "stop.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec))
+    first, second = tmp_path / "runs/lm/stop/pre-lr0.001", tmp_path / "runs/lm/stop/pre-lr0.002"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments", "sweep", str(sweep_file)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (first / "checkpoints" / "last.ckpt").exists():  # the first run is training
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never reached its first checkpoint"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, out
+    stopped = json.loads((first / "summary.json").read_text())
+    assert stopped["status"] == "interrupted" and 5 <= stopped["steps"] < 40
+    assert f"[1/2] pre-lr0.001: interrupted at step {stopped['steps']}" in out, out
+    assert (first / "checkpoints" / "interrupted.ckpt").exists()
+    assert not second.exists() and "[2/2]" not in out  # nothing new started after the signal
+
+    sweep.main(["sweep", str(sweep_file)])
+    out = capsys.readouterr().out
+    assert "[1/2] pre-lr0.001: previous attempt interrupted, resuming from its last checkpoint" in out, out
+    resumed = json.loads((first / "summary.json").read_text())
+    assert resumed["status"] == "finished" and resumed["steps"] == 40
+    assert [step for step, _ in resumed["train_curve"]] == list(range(1, 41))  # one curve, no gap, no repeat
+    assert json.loads((second / "summary.json").read_text())["status"] == "finished"
 
 
 @pytest.mark.parametrize("name", ["stability", "warmup"])
