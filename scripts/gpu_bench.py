@@ -22,7 +22,6 @@ import argparse
 import math
 import shlex
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from experiments.bench import (  # noqa: E402
     RunSpec,
     Task,
     Workload,
-    bench_task,
+    bench_tasks,
     machine_info,
     parse_schemes,
     write_report,
@@ -124,13 +123,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         f"compile {'on' if args.compile else 'off'}, checkpointing {'on' if args.checkpointing else 'off'}; "
         f"MFU against {peak:g} TFLOP/s" + (" (unknown device: pass --peak-tflops)" if math.isnan(peak) else "")
     )
-    rows, notes = [], []
-    start = time.perf_counter()
-    for task in tasks:
-        task_rows, task_notes = bench_task(workloads[task], size, spec, opts)
-        rows += task_rows
-        notes += task_notes
-    header["wall time"] = f"{time.perf_counter() - start:.0f} s"
+    rows, notes = bench_tasks([workloads[task] for task in tasks], size, spec, opts, header)
     text = write_report(Path(args.out), rows, header, notes)
     print(text)
     print(f"wrote {Path(args.out) / 'bench.md'} and {Path(args.out) / 'bench.csv'}")

@@ -1,0 +1,108 @@
+"""Training-step benchmark: every norm scheme side by side, and our ``pre`` against timm / diffusers / transformers.
+
+    python -m experiments.bench                                  # lm, vit, dit at tiny size, every scheme
+    python -m experiments.bench --task lm --size small --schemes pre,siamese --steps 30 --bf16
+
+Method (timings on a shared machine are noisy, so every number is relative and robust):
+
+- One model and one AdamW per candidate, built once; every measured step is zero_grad + forward +
+  loss + backward + optimizer step on a fixed batch (CUDA is synchronized around it).
+- Candidates are interleaved round-robin (A, B, C, A, B, C, ...; each round starts one candidate
+  later), so load changes hit all of them alike. Step time is the median over rounds; a ratio is the
+  median over rounds of the per-round ratio to the baseline (``pre``, or the reference library).
+- Activation memory is the bytes of the distinct storages autograd saves for backward during one
+  forward (a ``saved_tensors_hooks`` pack hook; parameters excluded, bf16 weight copies included):
+  what the paper's "2% more activation memory" counts, on any device, eager or compiled. On CUDA the
+  peak allocated memory of one step (above what is resident before it) is reported as well.
+- Reference rows load the reference network's weights into ours (``models.loaders``), so both run
+  the same function; the loss gap at init is reported as proof. No timing is ever asserted.
+- CPU runs use one intra-op thread by default (``--threads``): on a shared machine a second OpenMP
+  thread waits at barriers and multiplies step times several-fold.
+
+Outputs ``bench.md`` and ``bench.csv`` in ``--out`` (default ``runs/bench/<task>-<size>/``).
+"""
+
+from __future__ import annotations
+
+from experiments.bench.cli import build_parser, main, parse_schemes
+from experiments.bench.measure import (
+    Candidate,
+    Options,
+    activation_bytes,
+    alive_after_forward_bytes,
+    interleave,
+    peak_step_bytes,
+    saved_tensor_bytes,
+    step_flops,
+)
+from experiments.bench.references import OURS, Reference, reference, reference_candidates
+from experiments.bench.report import (
+    COLUMNS,
+    Row,
+    Target,
+    machine_info,
+    markdown,
+    paired_ratio,
+    summarize,
+    targets,
+    write_report,
+)
+from experiments.bench.run import RunSpec, bench_task, bench_tasks, data_batches_per_s, data_row
+from experiments.bench.workloads import (
+    OUR_LOSS,
+    SIZES,
+    TASKS,
+    Batch,
+    LossFn,
+    Task,
+    Workload,
+    build_ours,
+    dit_loss,
+    lm_loss,
+    make_batch,
+    vit_loss,
+)
+
+__all__ = [
+    "COLUMNS",
+    "OURS",
+    "OUR_LOSS",
+    "SIZES",
+    "TASKS",
+    "Batch",
+    "Candidate",
+    "LossFn",
+    "Options",
+    "Reference",
+    "Row",
+    "RunSpec",
+    "Target",
+    "Task",
+    "Workload",
+    "activation_bytes",
+    "alive_after_forward_bytes",
+    "bench_task",
+    "bench_tasks",
+    "build_ours",
+    "build_parser",
+    "data_batches_per_s",
+    "data_row",
+    "dit_loss",
+    "interleave",
+    "lm_loss",
+    "machine_info",
+    "main",
+    "make_batch",
+    "markdown",
+    "paired_ratio",
+    "parse_schemes",
+    "peak_step_bytes",
+    "reference",
+    "reference_candidates",
+    "saved_tensor_bytes",
+    "step_flops",
+    "summarize",
+    "targets",
+    "vit_loss",
+    "write_report",
+]
