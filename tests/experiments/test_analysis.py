@@ -16,18 +16,11 @@ from experiments.cli import main as cli_main
 from experiments.lm import LanguageModeling
 from experiments.optim import OptimConfig
 from models import TrunkConfig
+from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPTH = 3
-TINY = [
-    "--model.init_args.trunk.dim=32",
-    f"--model.init_args.trunk.depth={DEPTH}",
-    "--model.init_args.trunk.num_heads=2",
-    "--model.init_args.trunk.mlp_hidden=64",
-    "--data.init_args.seq_len=32",
-    "--data.init_args.batch_size=8",
-    "--data.init_args.eval_samples=16",  # two validation batches: --batches 2 is the whole set
-]
+TINY = tiny_lm(depth=DEPTH)  # eval_samples 16 = two validation batches: --batches 2 is the whole set
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +29,7 @@ def run_dir(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("analysis")
     cli_main(
         ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
-         f"--runs_root={tmp}", f"--data.init_args.data_dir={tmp / 'data'}", "--trainer.enable_progress_bar=false",
+         f"--runs_root={tmp}", f"--data.init_args.data_dir={tmp / 'data'}",
          "--trainer.max_steps=4", "--trainer.val_check_interval=4", "--model.init_args.optim.warmup_steps=0",
          "--model.init_args.optim.lr=1e-2", *TINY]
     )  # fmt: skip

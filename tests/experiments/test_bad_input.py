@@ -15,13 +15,10 @@ from PIL import Image
 from datamodules.text import TextDataModule
 from experiments.__main__ import main
 from experiments.errors import describe, jsonargparse_line
+from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "--model.init_args.trunk.dim=32", "--model.init_args.trunk.depth=1", "--model.init_args.trunk.num_heads=2",
-    "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=16", "--data.init_args.batch_size=4",
-    "--data.init_args.eval_samples=4", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-]  # fmt: skip
+TINY = tiny_lm(depth=1, seq_len=16, batch_size=4, eval_samples=4)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from experiments.__main__ import main
 from experiments.cli import SuiteCLI
 from models.trunk import Block
+from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5
@@ -60,11 +61,8 @@ def lm_args(runs: Path, corpus: tuple[Path, Path], batch_size: int, *extra: str)
     return [
         "fit", "-c", str(ROOT / "configs/lm/tiny.yaml"),
         f"--runs_root={runs}", f"--data.init_args.source={text}", f"--data.init_args.data_dir={shards}",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu",
-        "--model.init_args.trunk.dim=32", "--model.init_args.trunk.depth=2", "--model.init_args.trunk.num_heads=2",
-        "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
-        f"--data.init_args.batch_size={batch_size}", "--trainer.limit_val_batches=0",
-        "--trainer.num_sanity_val_steps=0", f"--trainer.max_steps={STEPS}",
+        "--trainer.accelerator=cpu", *tiny_lm(batch_size=batch_size, eval_samples=None),
+        "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", f"--trainer.max_steps={STEPS}",
         "--model.init_args.optim.warmup_steps=2", "--summary.log_every_n_steps=1",
         *extra,
     ]  # fmt: skip

@@ -10,17 +10,10 @@ import torch
 
 from experiments.cli import main
 from models.schemes import NormScheme
+from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "--model.init_args.trunk.dim=32",
-    "--model.init_args.trunk.depth=2",
-    "--model.init_args.trunk.num_heads=2",
-    "--model.init_args.trunk.mlp_hidden=64",
-    "--data.init_args.seq_len=32",
-    "--data.init_args.batch_size=8",
-    "--data.init_args.eval_samples=16",
-]
+TINY = tiny_lm(quiet=False)  # each run says itself whether it shows the progress bar
 
 
 @pytest.fixture(scope="module")

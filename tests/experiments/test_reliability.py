@@ -21,6 +21,7 @@ from experiments.checkpointing import INTERRUPTED_NAME, AtomicCheckpointIO, chec
 from experiments.errors import SIGINT_EXIT, SIGTERM_EXIT, CheckpointError, OutputDirError
 from experiments.optim import OptimConfig
 from models import TrunkConfig
+from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 4  # the interrupted run stops after K steps; the uninterrupted one runs 2K
@@ -42,10 +43,7 @@ def lm_args(runs: Path, corpus: tuple[Path, Path], *extra: str) -> list[str]:
     return [
         "fit", "-c", str(ROOT / "configs/lm/tiny.yaml"),
         f"--runs_root={runs}", f"--data.init_args.source={text}", f"--data.init_args.data_dir={shards}",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-        "--model.init_args.trunk.dim=32", "--model.init_args.trunk.depth=2", "--model.init_args.trunk.num_heads=2",
-        "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32", "--data.init_args.batch_size=8",
-        "--data.init_args.eval_samples=8", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
+        *tiny_lm(eval_samples=8), "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
         "--summary.log_every_n_steps=1",
         *extra,
     ]  # fmt: skip

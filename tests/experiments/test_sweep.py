@@ -21,19 +21,10 @@ from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 from experiments import sweep
 from experiments.callbacks import DivergenceDetector
 from experiments.cli import main as cli_main
+from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "--model.init_args.trunk.dim=32",
-    "--model.init_args.trunk.depth=2",
-    "--model.init_args.trunk.num_heads=2",
-    "--model.init_args.trunk.mlp_hidden=64",
-    "--data.init_args.seq_len=32",
-    "--data.init_args.batch_size=8",
-    "--data.init_args.eval_samples=16",
-    "--trainer.enable_progress_bar=false",
-    "--divergence.max_loss=50",  # ln(256) = 5.5 at init: 50 only when the run has blown up
-]
+TINY = [*tiny_lm(), "--divergence.max_loss=50"]  # ln(256) = 5.5 at init: 50 only when the run has blown up
 
 
 ##################################################################################
