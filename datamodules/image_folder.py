@@ -21,7 +21,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset
@@ -92,7 +92,10 @@ class ImageFolderDataModule(L.LightningDataModule):
     Args:
         root: Directory holding train/ and val/ class directories.
         image_size: Crop side in pixels.
-        batch_size: Images per batch.
+        batch_size: Images per batch on each device.
+        global_batch_size: Images per optimizer step over all devices (the number a recipe states, e.g.
+            DeiT's 1024). When set it replaces ``batch_size`` with global / (devices x nodes x
+            accumulate_grad_batches), which must divide evenly.
         num_workers: DataLoader worker processes (JPEG decoding is the bottleneck).
         auto_augment: timm policy string, e.g. "rand-m9-mstd0.5-inc1"; None or "" disables it.
         re_prob: Random-erasing probability.
@@ -107,6 +110,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         root: str,
         image_size: int = 224,
         batch_size: int = 128,
+        global_batch_size: int | None = None,
         num_workers: int = 8,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         re_prob: float = 0.25,
@@ -119,6 +123,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         for name, value in (("image_size", image_size), ("batch_size", batch_size)):
             if value <= 0:
                 raise ValueError(f"{name}={value} must be a positive integer")
+        if global_batch_size is not None and global_batch_size <= 0:
+            raise ValueError(f"global_batch_size={global_batch_size} must be a positive integer (or null)")
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
         if not 0.0 <= re_prob <= 1.0:
@@ -133,6 +139,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.root = Path(root)
         self.image_size = image_size
         self.batch_size = batch_size
+        self.global_batch_size = global_batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         # Built now so a bad policy string fails at construction, not hours later in a worker.
@@ -208,8 +215,27 @@ class ImageFolderDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------------------------ lifecycle
 
+    def per_device_batch_size(self) -> int:
+        """``batch_size``, or ``global_batch_size`` split over the trainer's processes and accumulation steps."""
+        if self.global_batch_size is None:
+            return self.batch_size
+        processes = self.trainer.world_size if self.trainer is not None else 1
+        accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+        per_device, rest = divmod(self.global_batch_size, processes * accumulate)
+        if rest or per_device == 0:
+            raise ValueError(
+                f"global_batch_size={self.global_batch_size} does not split evenly over {processes} processes x "
+                f"{accumulate} accumulation steps; use a multiple of {processes * accumulate}"
+            )
+        rank_zero_info(
+            f"per-device batch {per_device} = global batch {self.global_batch_size} / "
+            f"({processes} processes x {accumulate} accumulation steps)"
+        )
+        return per_device
+
     def setup(self, stage: str | None = None) -> None:
-        """Scans train/ (for fit) and val/ (for every stage; it doubles as test)."""
+        """Scans train/ (for fit) and val/ (for every stage; it doubles as test); derives the per-device batch."""
+        self.batch_size = self.per_device_batch_size()
         if stage in (None, "fit") and self.train_dataset is None:
             self.train_dataset = self._folder("train", self.train_transform)
         if self.val_dataset is None:
