@@ -179,14 +179,19 @@ def task_of(spec: SweepSpec) -> str:
     return "task"
 
 
+def read_summary(summary: Path) -> dict:
+    """A run's ``summary.json`` ({} without one; status "crashed" if unreadable, e.g. half-written)."""
+    if not summary.exists():
+        return {}
+    try:
+        return {"status": "crashed", **json.loads(summary.read_text())}
+    except (json.JSONDecodeError, OSError):
+        return {"status": "crashed"}
+
+
 def previous_status(summary: Path) -> str | None:
     """The status a run's ``summary.json`` records (None without one; "crashed" if unreadable)."""
-    if not summary.exists():
-        return None
-    try:
-        return json.loads(summary.read_text()).get("status", "crashed")
-    except (json.JSONDecodeError, OSError):
-        return "crashed"
+    return read_summary(summary).get("status")
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -201,13 +206,16 @@ def run_one(
     run_dir = sweep_dir / name
     summary = run_dir / "summary.json"
     previous = previous_status(summary)
-    if previous in DONE:
+    untested = spec.test and previous == "finished" and "test" not in read_summary(summary)
+    if previous in DONE and not untested:
         print(f"{tag}: already done ({previous}), skipped", flush=True)
         return "skipped"
     if children.stopping.is_set():
         return "not started"
     argv = run.argv(spec)
-    if run_dir.exists():  # interrupted, killed mid-way ("running" or no summary yet), crashed
+    if untested:  # stopped during its test: the fit stands, only the test runs
+        print(f"{tag}: finished but not tested, testing", flush=True)
+    elif run_dir.exists():  # interrupted, killed mid-way ("running" or no summary yet), crashed
         attempt = f"previous attempt {previous or 'left no summary'}"
         if restart or not has_checkpoint(run_dir):
             print(f"{tag}: {attempt}, rerunning from scratch", flush=True)
@@ -222,8 +230,8 @@ def run_one(
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.parallel))
     print(f"{tag}: running (log: {log})", flush=True)
     start = time.perf_counter()
-    with log.open("a" if "--ckpt_path=last" in argv else "w") as fh:
-        code = children.call(argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    with log.open("a" if untested or "--ckpt_path=last" in argv else "w") as fh:
+        code = 0 if untested else children.call(argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
         if code == 0 and spec.test:
             ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
             if ckpts:  # the newest checkpoint (last.ckpt is written after the best one)
@@ -231,10 +239,13 @@ def run_one(
                 code = children.call(test_argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
             else:
                 print(f"{tag}: no checkpoint to test", flush=True)
-    record = json.loads(summary.read_text()) if summary.exists() else {}
+    record = read_summary(summary)
     status = record.get("status", "crashed")
     if status == "interrupted":
         print(f"{tag}: interrupted at step {record.get('steps', '?')} (run the sweep again to resume)", flush=True)
+    elif code != 0 and children.stopping.is_set():  # the fit had finished; its test was cut short
+        status = "interrupted"
+        print(f"{tag}: test interrupted (run the sweep again to test it)", flush=True)
     elif code != 0 and status not in DONE:
         status = "crashed"
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]

@@ -219,6 +219,7 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
     resumed = json.loads((first / "summary.json").read_text())
     assert resumed["status"] == "finished" and resumed["steps"] == 40
     assert [step for step, _ in resumed["train_curve"]] == list(range(1, 41))  # one curve, no gap, no repeat
+    assert resumed["wall_time_s"] > stopped["wall_time_s"]  # the clock continues too
     assert json.loads((second / "summary.json").read_text())["status"] == "finished"
 
 
@@ -237,6 +238,32 @@ def test_shipped_sweeps_parse_with_diagnostics_enabled(name: str, monkeypatch, c
     assert callbacks["experiments.diagnostics.Diagnostics"]["every_n_steps"] == 25
     assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks  # appended, not replaced
     assert config["model"]["init_args"]["optim"]["lr"] == runs[-1].lr and config["trainer"]["max_steps"] == 300
+
+
+def test_a_finished_run_stopped_during_its_test_is_only_tested(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    spec = {"name": "t", "configs": [str(ROOT / "configs/lm/tiny.yaml")], "schemes": ["pre"], "test": True,
+            "runs_root": str(tmp_path / "runs")}  # fmt: skip
+    sweep_file = tmp_path / "t.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec))
+    run_dir = tmp_path / "runs/lm/t/pre"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"checkpoint")
+    (run_dir / "summary.json").write_text(json.dumps({"scheme": "pre", "status": "finished"}))
+    calls = []
+
+    def fake_run(self, argv, **kwargs) -> int:
+        calls.append(argv)
+        (run_dir / "summary.json").write_text(json.dumps({"scheme": "pre", "status": "finished", "test": {}}))
+        return 0
+
+    monkeypatch.setattr(sweep.Children, "call", fake_run)
+    sweep.main(["sweep", str(sweep_file)])
+    assert "[1/1] pre: finished but not tested, testing" in capsys.readouterr().out
+    ((_, _, _, sub, *rest),) = calls  # python -m experiments test ... --ckpt_path=<the checkpoint>
+    assert sub == "test" and rest[-1] == f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    sweep.main(["sweep", str(sweep_file)])  # tested now: skipped
+    assert "already done (finished), skipped" in capsys.readouterr().out and len(calls) == 1
 
 
 def test_previous_status(tmp_path: Path):
