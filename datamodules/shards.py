@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -131,14 +132,7 @@ def write_shards(
         raise ValueError(f"token ids span [{tokens.min()}, {tokens.max()}], outside [0, vocab_size={vocab_size})")
     dtype = shard_dtype(vocab_size)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / META_FILE).unlink(missing_ok=True)  # the directory is incomplete until meta.json is back
     bounds = split_bounds(tokens.size, val_fraction, test_fraction)
-    for split, (start, stop) in bounds.items():
-        tokens[start:stop].astype(dtype.newbyteorder("<")).tofile(out_dir / f"{split}.bin")
-    for stale in (BPE_FILE, BYTE_FILE):  # never leave another kind's tokenizer beside the ids
-        (out_dir / stale).unlink(missing_ok=True)
-    tokenizer.save(out_dir)
     meta = ShardMeta(
         dtype=dtype.name,
         vocab_size=vocab_size,
@@ -154,9 +148,26 @@ def write_shards(
         corpus=corpus,
         source=source,
     )
-    tmp = out_dir / f"{META_FILE}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(asdict(meta), indent=2) + "\n")
-    os.replace(tmp, out_dir / META_FILE)  # atomic: readers see a complete directory or none
+    # Everything is written into a private staging directory and moved in file by file (os.replace is
+    # atomic), meta.json last. Two processes preparing the same cache entry at once (a parallel sweep on
+    # a cold cache) then never expose a half-written file: a reader's open memory map keeps the file it
+    # opened. Only a rewrite with other contents removes meta.json first, marking the set incomplete.
+    staging = out_dir / f".staging-{os.getpid()}"
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        for split, (start, stop) in bounds.items():
+            tokens[start:stop].astype(dtype.newbyteorder("<")).tofile(staging / f"{split}.bin")
+        tokenizer.save(staging)
+        (staging / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+        if has_shards(out_dir) and (out_dir / META_FILE).read_text() != (staging / META_FILE).read_text():
+            (out_dir / META_FILE).unlink()
+        for stale in (BPE_FILE, BYTE_FILE):  # never leave another kind's tokenizer beside the ids
+            if not (staging / stale).exists():
+                (out_dir / stale).unlink(missing_ok=True)
+        for path in sorted(staging.iterdir(), key=lambda p: p.name == META_FILE):  # meta.json last
+            os.replace(path, out_dir / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return meta
 
 

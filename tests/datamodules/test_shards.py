@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -144,3 +145,34 @@ def test_prepare_cli_reports_a_bad_input_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=re.escape(f"error: text source {str(tmp_path / 'x')!r} does not exist")):
         prepare_main(["--input", str(tmp_path / "x"), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_an_identical_rewrite_never_hides_the_finished_set(tmp_path: Path, monkeypatch) -> None:
+    """Two runs of a parallel sweep may prepare one cache entry at once: while the second writes, the
+    first must keep seeing a complete set (meta.json present) at every step."""
+    import datamodules.shards as shards
+
+    source = _write(tmp_path / "t.txt")
+    prepare_text_shards(source, tmp_path / "cache", tokenizer="byte")
+    seen, replace = [], os.replace
+
+    def checked_replace(src, dst):
+        seen.append(has_shards(tmp_path / "cache"))
+        return replace(src, dst)
+
+    monkeypatch.setattr(shards.os, "replace", checked_replace)
+    prepare_text_shards(source, tmp_path / "cache", tokenizer="byte")
+    assert seen and all(seen)
+    assert not list((tmp_path / "cache").glob(".staging-*"))  # the staging directory is cleaned up
+
+
+def test_rewrite_keeps_open_memmaps_valid_and_replaces_the_meta(tmp_path: Path) -> None:
+    tokens = np.arange(1000) % 256
+    kwargs = {"corpus": "c", "source": "s", "val_fraction": 0.1, "test_fraction": 0.1}
+    write_shards(tokens, tmp_path, ByteTokenizer(), vocab_size=256, **kwargs)
+    before = open_shard(tmp_path, "train")
+    write_shards(tokens[::-1].copy(), tmp_path, ByteTokenizer(), vocab_size=256, **kwargs)
+    np.testing.assert_array_equal(before, tokens[:800])  # the reader keeps the file it opened
+    np.testing.assert_array_equal(open_shard(tmp_path, "train"), tokens[::-1][:800])
+    write_shards(tokens, tmp_path, ByteTokenizer(), vocab_size=257, **kwargs)
+    assert read_meta(tmp_path).vocab_size == 257 and not list(tmp_path.glob(".staging-*"))
