@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import DataLoader, Sampler, Subset
@@ -35,6 +36,8 @@ from datamodules.shards import (
 from datamodules.text_corpus import embedded_corpus_name
 from datamodules.tokenizers import ByteTokenizer, TextTokenizer, check_bpe_vocab_size, check_kind
 from datamodules.windows import RandomWindowSampler, TokenWindows, eval_window_starts
+
+BASELINE_TOKENS = 1 << 24  # the baseline reads at most the first 16M training tokens: cheap on any corpus
 
 __all__ = ["RandomWindowSampler", "TextDataModule"]
 
@@ -125,6 +128,7 @@ class TextDataModule(L.LightningDataModule):
         self.val_dataset: Subset[torch.Tensor] | None = None
         self.test_dataset: Subset[torch.Tensor] | None = None
         self.train_sampler: RandomWindowSampler | None = None
+        self._baseline_loss: float | None = None
 
     # ----------------------------------------------------------------------------------- properties
 
@@ -143,6 +147,19 @@ class TextDataModule(L.LightningDataModule):
         if self._is_shard_source:
             return read_meta(self.source).corpus
         return Path(self.source).resolve().stem or "corpus"
+
+    @property
+    def baseline_loss(self) -> float | None:
+        """Loss (nats/token) of the best predictor that ignores context: the unigram entropy of the training
+        tokens (over the first ``BASELINE_TOKENS``). A model near it learned token frequencies, nothing more.
+        None until the shards exist (``prepare_data``)."""
+        if self._baseline_loss is None and has_shards(self.shard_dir):
+            meta = read_meta(self.shard_dir)
+            tokens = np.memmap(self.shard_dir / "train.bin", dtype=meta.dtype, mode="r")[:BASELINE_TOKENS]
+            counts = np.bincount(tokens, minlength=meta.vocab_size).astype(np.float64)
+            p = counts[counts > 0] / counts.sum()
+            self._baseline_loss = float(-(p * np.log(p)).sum())
+        return self._baseline_loss
 
     @property
     def tokenizer(self) -> TextTokenizer:

@@ -39,6 +39,7 @@ class RunSummary(Callback):
         self.val_curve: list[tuple[int, dict[str, float]]] = []
         self.start = time.perf_counter()
         self.earlier_wall_time_s = 0.0  # spent before the checkpoint this run resumed from
+        self.baseline_loss: float | None = None
         self.status = "running"
 
     def _path(self, trainer: L.Trainer) -> Path | None:
@@ -46,6 +47,8 @@ class RunSummary(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.perf_counter()
+        # What a context-free predictor scores on this data (LM: unigram entropy), when the data knows it.
+        self.baseline_loss = getattr(trainer.datamodule, "baseline_loss", None)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -108,6 +111,7 @@ class RunSummary(Callback):
                 "wall_time_s": self.wall_time_s(),
                 "final_train_loss": self.train_curve[-1][1] if self.train_curve else None,
                 "final_val": final_val,
+                "baseline_loss": self.baseline_loss,
                 "diverged_at": detector.diverged_at if detector else None,
                 "spikes": detector.spikes if detector else 0,
                 "train_curve": self.train_curve,

@@ -1,6 +1,12 @@
 """Turn run summaries into a comparison: a markdown + CSV table, PNG plots and a TensorBoard layout.
 
 python -m experiments.compare runs/lm/demo          # rebuild the comparison of a sweep directory
+
+A run's status is its summary's (finished, diverged, interrupted, crashed), except that a finished run
+whose validation loss stays above ``STALL_RATIO`` x the data's baseline loss (for the LM: the unigram
+entropy, what a model scores that ignores context) is reported as **stalled**: it ran to the end but
+learned (almost) nothing beyond token frequencies, which is how Post-Norm fails at high learning rates
+at small scale rather than blowing up.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.tb_layout import write_layout  # noqa: E402
 
+STALL_RATIO = 0.9  # stalled: final val loss > 90 % of the context-free baseline
 COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", "metric", "diverged", "spikes",
            "wall_s", "params"]  # fmt: skip
 
@@ -33,8 +40,26 @@ def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str,
     return out
 
 
+def sweep_baseline(summaries: dict[str, dict]) -> float | None:
+    """The baseline loss the runs report, when they agree on one (they share the data); else None.
+
+    Summaries written before runs recorded it take this value, since it belongs to the data, not the run.
+    """
+    values = {round(s["baseline_loss"], 9) for s in summaries.values() if s.get("baseline_loss") is not None}
+    return values.pop() if len(values) == 1 else None
+
+
+def status_of(summary: dict, baseline: float | None) -> str:
+    status = summary.get("status", "?")
+    val_loss = (summary.get("final_val") or {}).get("val/loss")
+    baseline = summary.get("baseline_loss") or baseline
+    if status == "finished" and val_loss is not None and baseline and val_loss > STALL_RATIO * baseline:
+        return "stalled"
+    return status
+
+
 def rows(summaries: dict[str, dict], metric: str) -> list[dict]:
-    table = []
+    table, baseline = [], sweep_baseline(summaries)
     for name, s in summaries.items():
         val = s.get("final_val") or {}
         diverged = s.get("status") == "diverged"
@@ -43,7 +68,7 @@ def rows(summaries: dict[str, dict], metric: str) -> list[dict]:
                 "run": name,
                 "scheme": s.get("scheme", "?"),
                 "lr": s.get("lr"),
-                "status": s.get("status", "?"),
+                "status": status_of(s, baseline),
                 "steps": s.get("steps"),
                 "train_loss": s.get("final_train_loss"),
                 "val_loss": val.get("val/loss"),
@@ -67,10 +92,13 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def to_markdown(table: list[dict], metric: str) -> str:
+def to_markdown(table: list[dict], metric: str, baseline: float | None = None) -> str:
     header = [c if c != "metric" else metric for c in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in table]
+    if baseline is not None:
+        lines += ["", f"Context-free baseline loss of the data: {baseline:.4f}. stalled = finished with val_loss above "
+                  f"{STALL_RATIO:g} x baseline = {STALL_RATIO * baseline:.4f}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -100,7 +128,7 @@ def plot_stability(table: list[dict], path: Path, metric: str) -> bool:
     schemes = list(dict.fromkeys(r["scheme"] for r in table))
     if len(lrs) < 2:
         return False
-    colours = {"ok": "#9bd69b", "spikes": "#f5d76e", "diverged": "#e06666", "crashed": "#999999"}
+    colours = {"ok": "#9bd69b", "spikes": "#f5d76e", "stalled": "#f4a261", "diverged": "#e06666", "crashed": "#999999"}
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(lrs), 0.8 + 0.55 * len(schemes)))
     for i, scheme in enumerate(schemes):
         for j, lr in enumerate(lrs):
@@ -110,7 +138,9 @@ def plot_stability(table: list[dict], path: Path, metric: str) -> bool:
             r = cell[0]
             if r["status"] == "diverged":
                 state, text = "diverged", f"div @{r['diverged'].split()[-1].rstrip(')')}"
-            elif r["status"] not in ("finished",):
+            elif r["status"] == "stalled":
+                state, text = "stalled", f"stalled\n{_fmt(r['metric'])}"
+            elif r["status"] != "finished":
                 state, text = "crashed", r["status"]
             else:
                 state = "spikes" if r["spikes"] else "ok"
@@ -123,7 +153,7 @@ def plot_stability(table: list[dict], path: Path, metric: str) -> bool:
     ax.set_yticks([i + 0.5 for i in range(len(schemes))], schemes)
     ax.invert_yaxis()
     ax.set_xlabel("peak learning rate")
-    ax.set_title(f"stability map ({metric}; green ok, yellow spikes, red diverged)")
+    ax.set_title(f"stability map ({metric}; green ok, yellow spikes, orange stalled, red diverged)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -133,7 +163,7 @@ def plot_stability(table: list[dict], path: Path, metric: str) -> bool:
 def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
     """Final metric against peak learning rate, one line per scheme; diverged runs are crosses.
 
-    Runs of one (scheme, lr) cell (seeds, warmups) are averaged over those that finished. A diverged
+    Runs of one (scheme, lr) cell (seeds, warmups) are averaged over those that ran to the end. A diverged
     run's cross sits at its last value clipped to just outside the finished runs' range (a blown-up
     loss would otherwise flatten every line), or at the top edge when it never validated.
     """
@@ -145,7 +175,8 @@ def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
         m = r["metric"]
         return float(m) if isinstance(m, int | float) and math.isfinite(m) else None
 
-    done = [v for r in table if r["status"] == "finished" and (v := value(r)) is not None]
+    ran = ("finished", "stalled")  # ran to the end: their metric is a real one
+    done = [v for r in table if r["status"] in ran and (v := value(r)) is not None]
     lo, hi = (min(done), max(done)) if done else (0.0, 1.0)
     margin = 0.08 * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1e-3)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -153,7 +184,7 @@ def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
         runs = [r for r in table if r["scheme"] == scheme and r["lr"] is not None]
         points = []
         for lr in lrs:
-            cell = [v for r in runs if r["lr"] == lr and r["status"] == "finished" and (v := value(r)) is not None]
+            cell = [v for r in runs if r["lr"] == lr and r["status"] in ran and (v := value(r)) is not None]
             if cell:
                 points.append((lr, sum(cell) / len(cell)))
         colour = ax.plot(*zip(*points, strict=True), marker="o", label=scheme)[0].get_color() if points else "#e06666"
@@ -186,7 +217,7 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
     table = rows(summaries, metric)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     out = {"markdown": sweep_dir / "comparison.md", "csv": sweep_dir / "comparison.csv"}
-    out["markdown"].write_text(to_markdown(table, metric))
+    out["markdown"].write_text(to_markdown(table, metric, sweep_baseline(summaries)))
     with out["csv"].open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()

@@ -205,3 +205,13 @@ def test_missing_source_is_named_at_prepare(tmp_path: Path) -> None:
     dm = TextDataModule(source=str(tmp_path / "nowhere.txt"), data_dir=str(tmp_path / "d"))
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "nowhere.txt"))):
         dm.prepare_data()
+
+
+def test_baseline_loss_is_the_unigram_entropy_of_the_training_split(tmp_path: Path) -> None:
+    path = tmp_path / "abc.txt"
+    path.write_text("aaab" * 3000)  # train = the first 80 %: p(a) = 3/4, p(b) = 1/4
+    dm = TextDataModule(source=str(path), data_dir=str(tmp_path / "d"), val_fraction=0.1, test_fraction=0.1)
+    assert dm.baseline_loss is None  # no shards yet
+    dm.prepare_data()
+    expected = -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))
+    assert dm.baseline_loss == pytest.approx(expected, abs=1e-4)

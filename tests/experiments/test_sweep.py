@@ -124,7 +124,9 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
     for name in ("comparison.md", "comparison.csv", "curves.png", "stability.png", "metric_vs_lr.png"):
         assert (sweep_dir / name).stat().st_size > 100, name
     table = (sweep_dir / "comparison.md").read_text()
-    assert "| siamese-lr1000 | siamese | 1000 | diverged |" in table and "| finished |" in table
+    assert "| siamese-lr1000 | siamese | 1000 | diverged |" in table
+    # Three steps learn nothing beyond byte frequencies: the finished run is stalled against the unigram baseline.
+    assert "| siamese-lr0.001 | siamese | 0.001 | stalled |" in table and "Context-free baseline loss" in table
 
     # The custom-scalars layout: its chart regexes pick the runs' own tags, one RMS chart per block.
     charts = {c.title: list(c.multiline.tag) for cat in layout_of(sweep_dir).category for c in cat.chart}

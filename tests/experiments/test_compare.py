@@ -1,0 +1,59 @@
+"""The comparison a sweep writes: statuses (incl. stalled against the data's baseline), table, maps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments import compare
+
+BASELINE = 3.0  # stalled above 0.9 x 3.0 = 2.7
+
+
+def summary(scheme: str, lr: float, status: str, val_loss: float | None, baseline: float | None = BASELINE) -> dict:
+    return {
+        "scheme": scheme,
+        "lr": lr,
+        "status": status,
+        "steps": 300,
+        "final_train_loss": val_loss,
+        "final_val": {} if val_loss is None else {"val/loss": val_loss},
+        "baseline_loss": baseline,
+        "diverged_at": 42 if status == "diverged" else None,
+        "spikes": 0,
+        "train_curve": [[10, 5.0], [300, val_loss or 9.0]],
+        "val_curve": [] if val_loss is None else [[300, {"val/loss": val_loss}]],
+    }
+
+
+def test_a_finished_run_at_the_baseline_is_stalled():
+    assert compare.status_of(summary("post", 0.05, "finished", 3.03), None) == "stalled"
+    assert compare.status_of(summary("post", 0.05, "finished", 2.71), None) == "stalled"
+    assert compare.status_of(summary("pre", 0.05, "finished", 2.69), None) == "finished"
+    assert compare.status_of(summary("pre", 0.05, "diverged", 3.5), None) == "diverged"  # not relabelled
+    assert compare.status_of(summary("pre", 0.05, "finished", 3.03, baseline=None), None) == "finished"  # unknown
+
+
+def test_runs_without_a_baseline_take_the_sweeps():
+    runs = {"a": summary("pre", 0.01, "finished", 1.5), "old": summary("post", 0.05, "finished", 3.0, baseline=None)}
+    assert compare.sweep_baseline(runs) == BASELINE
+    assert [r["status"] for r in compare.rows(runs, "val/loss")] == ["finished", "stalled"]
+    runs["other data"] = summary("pre", 0.05, "finished", 1.5, baseline=4.0)
+    assert compare.sweep_baseline(runs) is None  # runs disagree: no sweep-wide value
+
+
+def test_comparison_files_show_the_stalled_run(tmp_path: Path):
+    cells = [("pre", 0.01, "finished", 1.5), ("pre", 0.05, "finished", 1.7),
+             ("post", 0.01, "finished", 1.6), ("post", 0.05, "finished", 3.02),
+             ("deepnorm", 0.01, "finished", 1.6), ("deepnorm", 0.05, "diverged", None)]  # fmt: skip
+    for scheme, lr, status, val in cells:
+        run = tmp_path / f"{scheme}-lr{lr:g}"
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps(summary(scheme, lr, status, val)))
+    out = compare.write_comparison(tmp_path)
+    table = out["markdown"].read_text()
+    assert "| post-lr0.05 | post | 0.05 | stalled |" in table
+    assert "| deepnorm-lr0.05 | deepnorm | 0.05 | diverged |" in table and "yes (step 42)" in table
+    assert "Context-free baseline loss of the data: 3.0000. stalled = finished with val_loss above 0.9 x" in table
+    for kind in ("stability", "metric_vs_lr", "curves"):
+        assert out[kind].stat().st_size > 1000
