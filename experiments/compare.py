@@ -18,19 +18,25 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+import yaml  # noqa: E402
 
 from experiments.tb_layout import write_layout  # noqa: E402
 
+SWEEP_RECORD = "sweep.yaml"  # written by the sweep into its directory: its spec and run order
 STALL_RATIO = 0.9  # stalled: final val loss > 90 % of the context-free baseline
 COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", "metric", "diverged", "spikes",
            "wall_s", "params"]  # fmt: skip
 
 
 def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str, dict]:
-    """``{run name: summary}`` for the given runs (or every run directory with a summary)."""
+    """``{run name: summary}`` for the given runs (default: the sweep's, in its order; else every run found)."""
+    record = sweep_dir / SWEEP_RECORD
+    if names is None and record.is_file():
+        names = (yaml.safe_load(record.read_text()) or {}).get("runs")
     if names is None:
         names = sorted(p.parent.name for p in sweep_dir.glob("*/summary.json"))
     out = {}
@@ -153,7 +159,7 @@ def plot_stability(table: list[dict], path: Path, metric: str) -> bool:
     ax.set_yticks([i + 0.5 for i in range(len(schemes))], schemes)
     ax.invert_yaxis()
     ax.set_xlabel("peak learning rate")
-    ax.set_title(f"stability map ({metric}; green ok, yellow spikes, orange stalled, red diverged)")
+    ax.set_title(f"stability map: final {metric}\ngreen ok, yellow spikes, orange stalled, red diverged", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -193,9 +199,14 @@ def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
                 v = value(r)
                 y = hi + margin if v is None else min(max(v, lo - margin), hi + margin)
                 ax.plot([r["lr"]], [y], marker="x", ms=11, mew=2.5, color=colour, ls="none")
+            elif r["status"] == "stalled" and (v := value(r)) is not None:
+                ax.plot([r["lr"]], [v], marker="s", ms=12, mfc="none", mew=1.5, color=colour, ls="none")
     ax.plot([], [], marker="x", ms=9, mew=2, ls="none", color="k", label="diverged")
+    if any(r["status"] == "stalled" for r in table):
+        ax.plot([], [], marker="s", ms=9, mfc="none", ls="none", color="k", label="stalled (near baseline)")
     ax.set_xscale("log")
     ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the swept rates are labelled
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel(f"final {metric}")
     ax.set_title(f"final {metric} per scheme and learning rate")

@@ -27,12 +27,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
-from experiments.compare import write_comparison
+from experiments.compare import SWEEP_RECORD, write_comparison
 from models.schemes import NormScheme
 
 DONE = ("finished", "diverged")
@@ -286,6 +286,9 @@ def main(argv: list[str] | None = None) -> None:
             print(" ".join(run.argv(spec)))
         return
     print(f"sweep {spec.name}: {len(runs)} runs, {spec.parallel} at a time, into {sweep_dir}", flush=True)
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # the spec as run, and the run order the comparison keeps
+    record = {**asdict(spec), "runs": [r.name(spec) for r in runs], "sweep_file": args.sweep_file}
+    (sweep_dir / SWEEP_RECORD).write_text(yaml.safe_dump(record, sort_keys=False))
     children, stopped_by = Children(), None
     previous_handler = signal.signal(signal.SIGTERM, _raise_stopped)
     pool = ThreadPoolExecutor(spec.parallel)

@@ -57,3 +57,12 @@ def test_comparison_files_show_the_stalled_run(tmp_path: Path):
     assert "Context-free baseline loss of the data: 3.0000. stalled = finished with val_loss above 0.9 x" in table
     for kind in ("stability", "metric_vs_lr", "curves"):
         assert out[kind].stat().st_size > 1000
+
+
+def test_rebuilt_comparison_keeps_the_sweeps_run_order(tmp_path: Path):
+    for name in ("b", "a"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary("pre", 0.01, "finished", 1.0)))
+    assert [r["run"] for r in compare.rows(compare.load_summaries(tmp_path), "val/loss")] == ["a", "b"]
+    (tmp_path / compare.SWEEP_RECORD).write_text("runs: [b, a]\n")
+    assert [r["run"] for r in compare.rows(compare.load_summaries(tmp_path), "val/loss")] == ["b", "a"]

@@ -125,6 +125,8 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
         assert (sweep_dir / name).stat().st_size > 100, name
     table = (sweep_dir / "comparison.md").read_text()
     assert "| siamese-lr1000 | siamese | 1000 | diverged |" in table
+    record = yaml.safe_load((sweep_dir / "sweep.yaml").read_text())  # the spec as run, for the record
+    assert record["runs"] == ["siamese-lr0.001", "siamese-lr1000"] and record["lrs"] == [1e-3, 1000.0]
     # Three steps learn nothing beyond byte frequencies: the finished run is stalled against the unigram baseline.
     assert "| siamese-lr0.001 | siamese | 0.001 | stalled |" in table and "Context-free baseline loss" in table
 
