@@ -24,6 +24,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
+from experiments.profiles import plot_depth_profiles  # noqa: E402
 from experiments.tb_layout import write_layout  # noqa: E402
 
 SWEEP_RECORD = "sweep.yaml"  # written by the sweep into its directory: its spec and run order
@@ -219,7 +220,8 @@ def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
 
 
 def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str = "val/loss") -> dict[str, Path]:
-    """Writes the table, ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png``) and a TensorBoard layout.
+    """Writes the table, ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png`` with several rates,
+    ``depth_profiles.png`` when the runs logged diagnostics) and a TensorBoard layout.
 
     Returns:
         ``{kind: path}`` of what was written.
@@ -239,6 +241,8 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
         out["stability"] = sweep_dir / "stability.png"
     if plot_metric_vs_lr(table, sweep_dir / "metric_vs_lr.png", metric):
         out["metric_vs_lr"] = sweep_dir / "metric_vs_lr.png"
+    if plot_depth_profiles(sweep_dir, table, sweep_dir / "depth_profiles.png"):
+        out["depth_profiles"] = sweep_dir / "depth_profiles.png"
     out["tb_layout"] = write_layout(sweep_dir, list(summaries), metric)
     return out
 

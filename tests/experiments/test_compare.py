@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from experiments import compare
+from experiments.profiles import depth_profile
 
 BASELINE = 3.0  # stalled above 0.9 x 3.0 = 2.7
 
@@ -66,3 +68,12 @@ def test_rebuilt_comparison_keeps_the_sweeps_run_order(tmp_path: Path):
     assert [r["run"] for r in compare.rows(compare.load_summaries(tmp_path), "val/loss")] == ["a", "b"]
     (tmp_path / compare.SWEEP_RECORD).write_text("runs: [b, a]\n")
     assert [r["run"] for r in compare.rows(compare.load_summaries(tmp_path), "val/loss")] == ["b", "a"]
+
+
+def test_depth_profile_groups_tags_per_stream_and_block():
+    values = {"diag/rms/post/block_0": 2.0, "diag/rms/post/block_1": 1.0, "diag/rms/pre/block_1": 9.0,
+              "diag/grad_norm/block_0": 0.5, "diag/grad_norm/global": 7.0, "diag/max_abs/block_0": 3.0}  # fmt: skip
+    profile = depth_profile(values)
+    assert profile.keys() == {"rms/post", "rms/pre", "grad"}
+    assert profile["rms/post"] == [2.0, 1.0] and profile["grad"] == [0.5]
+    assert math.isnan(profile["rms/pre"][0]) and profile["rms/pre"][1] == 9.0  # block 0 never logged

@@ -121,7 +121,8 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
     out = capsys.readouterr().out
     assert re.search(r"\[1/2\] siamese-lr0\.001: finished in \d+ s val/loss", out), out
     assert "[2/2] siamese-lr1000: diverged" in out, out
-    for name in ("comparison.md", "comparison.csv", "curves.png", "stability.png", "metric_vs_lr.png"):
+    for name in ("comparison.md", "comparison.csv", "curves.png", "stability.png", "metric_vs_lr.png",
+                 "depth_profiles.png"):  # fmt: skip
         assert (sweep_dir / name).stat().st_size > 100, name
     table = (sweep_dir / "comparison.md").read_text()
     assert "| siamese-lr1000 | siamese | 1000 | diverged |" in table
