@@ -4,8 +4,9 @@ Read from the runs' TensorBoard event files (the :class:`experiments.diagnostics
 ``diag/rms/<stream>/block_<b>`` and ``diag/grad_norm/block_<b>``) at the last logged step, and drawn
 as one row per learning rate: residual RMS against depth on the left (the paper's "hidden-state norms
 grow with depth in Pre-Norm, not in the Post-Norm-like stream"), gradient norm against depth on the
-right (vanishing gradients in the lower blocks are how Post-Norm stalls). Line colour is the scheme,
-line style the stream.
+right (vanishing gradients in the lower blocks are how Post-Norm stalls). Line colour is the run
+without its learning rate (the scheme, plus warmup / seed when the sweep varies them), line style the
+stream.
 """
 
 from __future__ import annotations
@@ -60,21 +61,22 @@ def plot_depth_profiles(sweep_dir: Path, table: list[dict], path: Path) -> bool:
     if not runs:
         return False
     lrs = sorted({r["lr"] for r in runs if r["lr"] is not None}) or [None]
-    schemes = list(dict.fromkeys(r["scheme"] for r in runs))
-    colour = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(schemes)}
+    variant = {r["run"]: re.sub(r"-lr[^-]+", "", r["run"]) for r in runs}  # one colour across the rows
+    colour = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(dict.fromkeys(variant.values()))}
     fig, axes = plt.subplots(len(lrs), 2, figsize=(12, 3.6 * len(lrs)), squeeze=False)
     for row, lr in enumerate(lrs):
         ax_rms, ax_grad = axes[row]
         for r in runs:
             if r["lr"] != lr and lr is not None:
                 continue
-            profile, c = profiles[r["run"]], colour[r["scheme"]]
+            name = variant[r["run"]]
+            profile, c = profiles[r["run"]], colour[name]
             for key, values in profile.items():
                 if key == "grad":
-                    ax_grad.plot(range(len(values)), _positive(values), color=c, marker="o", ms=3, label=r["scheme"])
+                    ax_grad.plot(range(len(values)), _positive(values), color=c, marker="o", ms=3, label=name)
                     continue
                 stream = key.split("/", 1)[1]
-                label = r["scheme"] if stream == "x" else f"{r['scheme']} ({stream})"
+                label = name if stream == "x" else f"{name} ({stream})"
                 ax_rms.plot(range(len(values)), _positive(values), color=c, ls=STREAM_STYLE.get(stream, "-"),
                             marker="o", ms=3, label=label)  # fmt: skip
         where = "" if lr is None else f", peak lr {lr:g}"
