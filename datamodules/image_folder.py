@@ -83,6 +83,9 @@ class _ClassFolder(ImageFolder):
         return self._given_classes, {name: i for i, name in enumerate(self._given_classes)}
 
 
+DEFAULT_BATCH_SIZE = 128
+
+
 class ImageFolderDataModule(L.LightningDataModule):
     """ImageNet-style classification data with DeiT train and eval transforms.
 
@@ -92,10 +95,11 @@ class ImageFolderDataModule(L.LightningDataModule):
     Args:
         root: Directory holding train/ and val/ class directories.
         image_size: Crop side in pixels.
-        batch_size: Images per batch on each device.
+        batch_size: Images per batch on each device (default 128 when neither this nor
+            ``global_batch_size`` is set).
         global_batch_size: Images per optimizer step over all devices (the number a recipe states, e.g.
-            DeiT's 1024). When set it replaces ``batch_size`` with global / (devices x nodes x
-            accumulate_grad_batches), which must divide evenly.
+            DeiT's 1024), split into a per-device batch of global / (devices x nodes x
+            accumulate_grad_batches), which must divide evenly. Set one of the two, not both.
         num_workers: DataLoader worker processes (JPEG decoding is the bottleneck).
         auto_augment: timm policy string, e.g. "rand-m9-mstd0.5-inc1"; None or "" disables it.
         re_prob: Random-erasing probability.
@@ -109,7 +113,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         self,
         root: str,
         image_size: int = 224,
-        batch_size: int = 128,
+        batch_size: int | None = None,
         global_batch_size: int | None = None,
         num_workers: int = 8,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
@@ -121,10 +125,15 @@ class ImageFolderDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         for name, value in (("image_size", image_size), ("batch_size", batch_size)):
-            if value <= 0:
+            if value is not None and value <= 0:
                 raise ValueError(f"{name}={value} must be a positive integer")
         if global_batch_size is not None and global_batch_size <= 0:
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive integer (or null)")
+        if batch_size is not None and global_batch_size is not None:
+            raise ValueError(
+                f"batch_size={batch_size} and global_batch_size={global_batch_size} are both set; set one "
+                "(e.g. --data.init_args.global_batch_size=null to give a per-device batch_size)"
+            )
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
         if not 0.0 <= re_prob <= 1.0:
@@ -138,7 +147,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.root = Path(root)
         self.image_size = image_size
-        self.batch_size = batch_size
+        self.batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory

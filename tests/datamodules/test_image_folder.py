@@ -123,6 +123,7 @@ def test_split_without_images_or_classes_is_refused(tree: Path) -> None:
         ({"interpolation": "cubic"}, "interpolation='cubic' is not supported; valid: bilinear, bicubic"),
         ({"eval_crop_pct": 0.0}, "eval_crop_pct=0.0 must lie in (0, 1]"),
         ({"global_batch_size": 0}, "global_batch_size=0 must be a positive integer (or null)"),
+        ({"batch_size": 2, "global_batch_size": 64}, "batch_size=2 and global_batch_size=64 are both set; set one"),
         ({"auto_augment": "randaugment-m9"}, "auto_augment='randaugment-m9' is not a timm augmentation policy"),
     ],
 )
@@ -140,20 +141,20 @@ def test_augmentation_can_be_switched_off(tree: Path) -> None:
 
 @pytest.mark.parametrize(("processes", "accumulate", "per_device"), [(1, 1, 1024), (8, 1, 128), (4, 2, 128)])
 def test_global_batch_is_split_over_processes_and_accumulation(processes: int, accumulate: int, per_device: int):
-    dm = ImageFolderDataModule("unused", **{**FAST, "global_batch_size": 1024})
+    dm = ImageFolderDataModule("unused", **{**FAST, "batch_size": None, "global_batch_size": 1024})
     dm.trainer = SimpleNamespace(world_size=processes, accumulate_grad_batches=accumulate)
     assert dm.per_device_batch_size() == per_device
 
 
 def test_global_batch_that_does_not_split_names_the_valid_multiple(tree: Path):
-    dm = ImageFolderDataModule(str(tree), **{**FAST, "global_batch_size": 1000})
+    dm = ImageFolderDataModule(str(tree), **{**FAST, "batch_size": None, "global_batch_size": 1000})
     dm.trainer = SimpleNamespace(world_size=3, accumulate_grad_batches=1)
     with pytest.raises(ValueError, match=re.escape("global_batch_size=1000 does not split evenly over 3 processes")):
         dm.setup("fit")
 
 
 def test_global_batch_reaches_the_loader(tree: Path):
-    dm = ImageFolderDataModule(str(tree), **{**FAST, "batch_size": 128, "global_batch_size": 4})
+    dm = ImageFolderDataModule(str(tree), **{**FAST, "batch_size": None, "global_batch_size": 4})
     dm.setup("fit")  # no trainer: one process
     x, _ = next(iter(dm.train_dataloader()))
     assert x.shape[0] == 4

@@ -116,7 +116,8 @@ def image_args(tmp: Path, root: Path, *extra: str) -> list[str]:
         "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--model.init_args.trunk.dim=16", "--model.init_args.trunk.depth=1", "--model.init_args.trunk.num_heads=2",
         "--data.init_args.image_size=16", "--model.init_args.patch_size=8", "--data.init_args.batch_size=2",
-        "--data.init_args.num_workers=0", "--data.init_args.auto_augment=null", *extra,
+        "--data.init_args.num_workers=0", "--data.init_args.auto_augment=null",
+        "--data.init_args.global_batch_size=null", *extra,
     ]  # fmt: skip
 
 
