@@ -28,6 +28,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
+from datamodules.samplers import RandomPermutationSampler, shard_over_ranks
+
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming", "random")
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
@@ -107,6 +109,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         interpolation: Resize interpolation, e.g. "bicubic".
         eval_crop_pct: Center-crop fraction at eval (resize to image_size / eval_crop_pct first).
         pin_memory: Page-locked batches for faster host-to-GPU copies.
+        seed: Seed of the training order (a fresh permutation per epoch, resumable mid-epoch).
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         interpolation: str = "bicubic",
         eval_crop_pct: float = 0.875,
         pin_memory: bool = True,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         for name, value in (("image_size", image_size), ("batch_size", batch_size)):
@@ -151,6 +155,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.seed = seed
+        self.train_sampler: RandomPermutationSampler | None = None
         # Built now so a bad policy string fails at construction, not hours later in a worker.
         try:
             self.train_transform = create_transform(
@@ -247,6 +253,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.batch_size = self.per_device_batch_size()
         if stage in (None, "fit") and self.train_dataset is None:
             self.train_dataset = self._folder("train", self.train_transform)
+            self.train_sampler = RandomPermutationSampler(len(self.train_dataset), self.seed)
         if self.val_dataset is None:
             self.val_dataset = self._folder("val", self.eval_transform)
 
@@ -260,7 +267,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=shard_over_ranks(self.train_sampler, self.trainer) if train else None,
             drop_last=train,  # DeiT drops the ragged last batch
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and torch.cuda.is_available(),

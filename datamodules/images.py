@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from datamodules.image_folder import ImageFolderDataModule
+from datamodules.samplers import RandomPermutationSampler, shard_over_ranks
 
 __all__ = [
     "EmbeddedImageDataModule",
@@ -205,7 +206,7 @@ class EmbeddedImageDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes.
         val_size: Images held out of train for validation (at most a fifth of the train split).
         augment: Pad-and-crop (padding image_size // 8) plus horizontal flip on train images.
-        seed: Seed of the train/val carve.
+        seed: Seed of the train/val carve and of the training order (resumable mid-epoch).
         normalize: "imagenet" (timm mean/std) or "half" (maps [0, 255] to [-1, 1]).
         limit_train: Keep only this many training images (quick runs), None for all.
     """
@@ -247,6 +248,7 @@ class EmbeddedImageDataModule(L.LightningDataModule):
         self.dataset_name: str = name
         self.class_names: list[str] = list(classes)
         self.train_dataset: UInt8ImageDataset | None = None
+        self.train_sampler: RandomPermutationSampler | None = None
         self.val_dataset: UInt8ImageDataset | None = None
         self.test_dataset: UInt8ImageDataset | None = None
         self.train_index: np.ndarray | None = None
@@ -299,6 +301,7 @@ class EmbeddedImageDataModule(L.LightningDataModule):
         self.val_dataset = UInt8ImageDataset(images[val_index], labels[val_index], self.image_size)
         test_images = self._to_tensor(test.images)
         self.test_dataset = UInt8ImageDataset(test_images, torch.from_numpy(test.labels), self.image_size)
+        self.train_sampler = RandomPermutationSampler(len(self.train_dataset), self.seed)
 
     def _loader(self, dataset: UInt8ImageDataset | None, transform: v2.Transform, train: bool) -> DataLoader:
         if dataset is None:
@@ -307,7 +310,7 @@ class EmbeddedImageDataModule(L.LightningDataModule):
         return DataLoader(
             view,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=shard_over_ranks(self.train_sampler, self.trainer) if train else None,
             drop_last=train and len(view) >= self.batch_size,  # fixed shapes, unless the set is tiny
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),

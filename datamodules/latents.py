@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.samplers import RandomPermutationSampler, shard_over_ranks
+
 __all__ = [
     "LatentCacheMeta",
     "LatentDataModule",
@@ -251,7 +253,7 @@ class LatentDataModule(L.LightningDataModule):
         batch_size: Latents per batch.
         num_workers: DataLoader worker processes.
         val_fraction: Fraction of the source images held out for validation.
-        seed: Seed of the train/val split.
+        seed: Seed of the train/val split and of the training order (resumable mid-epoch).
         random_flip: Use the flipped latents as train-time augmentation.
     """
 
@@ -277,6 +279,7 @@ class LatentDataModule(L.LightningDataModule):
         self.shards: LatentShards | None = None
         self.train_index: np.ndarray | None = None
         self.val_index: np.ndarray | None = None
+        self.train_sampler: RandomPermutationSampler | None = None
 
     @property
     def num_classes(self) -> int:
@@ -326,6 +329,7 @@ class LatentDataModule(L.LightningDataModule):
         if self.shards is None:
             self.shards = LatentShards(self.cache_dir, self.meta)
             self.train_index, self.val_index = self.split_indices()
+            self.train_sampler = RandomPermutationSampler(len(self.train_index), self.seed)
 
     def _loader(self, index: np.ndarray | None, train: bool) -> DataLoader:
         if self.shards is None or index is None:
@@ -334,7 +338,7 @@ class LatentDataModule(L.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=shard_over_ranks(self.train_sampler, self.trainer) if train else None,
             drop_last=train and len(dataset) >= self.batch_size,
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),

@@ -21,9 +21,9 @@ from typing import Literal
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-from torch.utils.data import DataLoader, Sampler, Subset
+from torch.utils.data import DataLoader, Subset
 
+from datamodules.samplers import shard_over_ranks
 from datamodules.shards import (
     FORMAT_VERSION,
     ShardMeta,
@@ -245,12 +245,7 @@ class TextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None or self.train_sampler is None:
             raise RuntimeError("call setup('fit') before train_dataloader()")
-        sampler: Sampler[int] = self.train_sampler
-        shard = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
-        if shard and shard["num_replicas"] > 1:
-            # Rank r takes draws r, r + W, ... of the epoch, in order, so W ranks x batch B see what one process
-            # sees with batch W * B (and a mid-epoch resume lands right). Lightning's own wrapper would also shuffle.
-            sampler = DistributedSamplerWrapper(sampler, shuffle=False, **shard)
+        sampler = shard_over_ranks(self.train_sampler, self.trainer)
         # drop_last keeps every step at (batch_size, seq_len + 1), friendly to torch.compile
         return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
 

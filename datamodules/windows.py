@@ -12,13 +12,16 @@ evaluation uses a fixed set of evenly spaced, non-overlapping starts (`eval_wind
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
+
+from datamodules.samplers import ResumableSampler, epoch_seed
+
+__all__ = ["RandomWindowSampler", "TokenWindows", "epoch_seed", "eval_window_starts"]
 
 
 class TokenWindows(Dataset[torch.Tensor]):
@@ -67,20 +70,10 @@ class TokenWindows(Dataset[torch.Tensor]):
         return state
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-    """A well-mixed 63-bit generator seed for (seed, epoch); neighbouring epochs are unrelated."""
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-class RandomWindowSampler(Sampler[int]):
+class RandomWindowSampler(ResumableSampler):
     """Yields `num_samples` window starts drawn uniformly (with replacement) from [0, num_starts).
 
-    The draw depends only on (seed, epoch): Lightning calls `set_epoch` before every epoch
-    (and forwards it through its distributed wrapper), so a run is reproducible and every epoch
-    sees fresh windows. A run resumed mid-epoch loads ``{"epoch": e, "offset": k}``: the next pass
-    over epoch e starts at its k-th start. The pass is rotated rather than shortened, so ``len`` and
-    Lightning's distributed sharding (rank r takes items r, r + W, ...) stay as they were, and
-    Lightning ends the resumed epoch after the batches that remained.
+    Reproducible per (seed, epoch) and resumable mid-epoch: see :mod:`datamodules.samplers`.
 
     Args:
         num_starts: Number of valid starts (len of the `TokenWindows`).
@@ -91,38 +84,11 @@ class RandomWindowSampler(Sampler[int]):
     def __init__(self, num_starts: int, num_samples: int, seed: int = 0) -> None:
         if num_starts <= 0:
             raise ValueError(f"num_starts={num_starts} must be positive")
-        if num_samples <= 0:
-            raise ValueError(f"num_samples={num_samples} must be positive")
+        super().__init__(num_samples, seed)
         self.num_starts = num_starts
-        self.num_samples = num_samples
-        self.seed = seed
-        self.epoch = 0
-        self._resume_offset = 0  # starts of `epoch` consumed before a checkpoint, skipped once
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._resume_offset = 0  # a resume position belongs to the epoch it was saved in
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
-        starts = torch.randint(0, self.num_starts, (self.num_samples,), generator=generator).tolist()
-        if self._resume_offset:
-            k, self._resume_offset = self._resume_offset % self.num_samples, 0
-            starts = starts[k:] + starts[:k]
-        return iter(starts)
-
-    def state_dict(self) -> dict[str, int]:
-        pending = {"offset": self._resume_offset} if self._resume_offset else {}
-        return {"seed": self.seed, "epoch": self.epoch, **pending}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
-        self._resume_offset = int(state.get("offset", 0))
+    def draw(self, generator: torch.Generator) -> list[int]:
+        return torch.randint(0, self.num_starts, (self.num_samples,), generator=generator).tolist()
 
 
 def eval_window_starts(num_tokens: int, seq_len: int, max_windows: int) -> np.ndarray:

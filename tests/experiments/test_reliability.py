@@ -92,6 +92,32 @@ def test_resume_continues_the_uninterrupted_trajectory(tmp_path: Path, corpus, i
     assert again["status"] == "finished" and again["steps"] == 2 * K
 
 
+def vit_args(runs: Path, *extra: str) -> list[str]:
+    """The tiny ViT shrunk to 64 training images in batches of 8: an epoch is 8 steps."""
+    return [
+        "fit", "-c", str(ROOT / "configs/vit/tiny.yaml"), f"--runs_root={runs}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--model.init_args.trunk.dim=16", "--model.init_args.trunk.depth=1", "--model.init_args.trunk.num_heads=2",
+        "--model.init_args.trunk.drop_path=0.1", "--model.init_args.optim.warmup_steps=5",
+        "--data.init_args.batch_size=8", "--data.init_args.limit_train=64", "--data.init_args.val_size=16",
+        "--trainer.val_check_interval=5", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
+        "--summary.log_every_n_steps=1", *extra,
+    ]  # fmt: skip
+
+
+def test_image_task_resumed_mid_epoch_continues_the_uninterrupted_trajectory(tmp_path: Path):
+    # Stopped at step 5 of an 8-step epoch and resumed to step 10 (across the epoch boundary): the same
+    # images in the same order, the same crop / flip / drop-path draws, as the run that never stopped.
+    main(vit_args(tmp_path / "full", "--trainer.max_steps=10"))
+    main(vit_args(tmp_path / "part", "--trainer.max_steps=5"))
+    main(vit_args(tmp_path / "part", "--trainer.max_steps=10", "--ckpt_path=last"))
+    (full,) = [json.loads(p.read_text()) for p in (tmp_path / "full").rglob("summary.json")]
+    (again,) = [json.loads(p.read_text()) for p in (tmp_path / "part").rglob("summary.json")]
+    assert [s for s, _ in full["train_curve"]] == list(range(1, 11))
+    assert again["train_curve"] == full["train_curve"]
+    assert again["status"] == "finished" and again["steps"] == 10
+
+
 def test_checkpoint_holds_rng_and_the_samplers_position(interrupted_run: Path):
     ckpt = torch.load(run_dir(interrupted_run) / "checkpoints" / "last.ckpt", weights_only=True)
     state = ckpt["exact_resume"]
