@@ -33,11 +33,16 @@ COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", "
            "wall_s", "params"]  # fmt: skip
 
 
+def sweep_record(sweep_dir: Path) -> dict:
+    """The spec the sweep ran with (``sweep.yaml``: runs in order, metric, ...); {} if absent."""
+    path = sweep_dir / SWEEP_RECORD
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
 def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str, dict]:
     """``{run name: summary}`` for the given runs (default: the sweep's, in its order; else every run found)."""
-    record = sweep_dir / SWEEP_RECORD
-    if names is None and record.is_file():
-        names = (yaml.safe_load(record.read_text()) or {}).get("runs")
+    if names is None:
+        names = sweep_record(sweep_dir).get("runs")
     if names is None:
         names = sorted(p.parent.name for p in sweep_dir.glob("*/summary.json"))
     out = {}
@@ -84,9 +89,16 @@ def rows(summaries: dict[str, dict], metric: str) -> list[dict]:
                 "spikes": s.get("spikes", 0),
                 "wall_s": s.get("wall_time_s"),
                 "params": s.get("params"),
+                **(s.get("test") or {}),  # test/<metric> of runs that were tested (sweep `test: true`)
             }
         )
     return table
+
+
+def columns(table: list[dict]) -> list[str]:
+    """The fixed columns, then every test metric some run has, in first-seen order."""
+    tested = dict.fromkeys(key for r in table for key in r if key.startswith("test/"))
+    return COLUMNS + list(tested)
 
 
 def _fmt(value) -> str:
@@ -100,9 +112,10 @@ def _fmt(value) -> str:
 
 
 def to_markdown(table: list[dict], metric: str, baseline: float | None = None) -> str:
-    header = [c if c != "metric" else metric for c in COLUMNS]
+    names = columns(table)
+    header = [c if c != "metric" else metric for c in names]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in table]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in names) + " |" for r in table]
     if baseline is not None:
         lines += ["", f"Context-free baseline loss of the data: {baseline:.4f}. stalled = finished with val_loss above "
                   f"{STALL_RATIO:g} x baseline = {STALL_RATIO * baseline:.4f}."]  # fmt: skip
@@ -219,20 +232,22 @@ def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
     return True
 
 
-def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str = "val/loss") -> dict[str, Path]:
+def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str | None = None) -> dict[str, Path]:
     """Writes the table, ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png`` with several rates,
-    ``depth_profiles.png`` when the runs logged diagnostics) and a TensorBoard layout.
+    ``depth_profiles.png`` when the runs logged diagnostics) and a TensorBoard layout. ``metric``
+    defaults to the sweep's (``sweep.yaml``), else ``val/loss``.
 
     Returns:
         ``{kind: path}`` of what was written.
     """
+    metric = metric or sweep_record(sweep_dir).get("metric", "val/loss")
     summaries = load_summaries(sweep_dir, names)
     table = rows(summaries, metric)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     out = {"markdown": sweep_dir / "comparison.md", "csv": sweep_dir / "comparison.csv"}
     out["markdown"].write_text(to_markdown(table, metric, sweep_baseline(summaries)))
     with out["csv"].open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer = csv.DictWriter(fh, fieldnames=columns(table))
         writer.writeheader()
         writer.writerows(table)
     out["curves"] = sweep_dir / "curves.png"

@@ -61,13 +61,15 @@ def test_comparison_files_show_the_stalled_run(tmp_path: Path):
         assert out[kind].stat().st_size > 1000
 
 
-def test_rebuilt_comparison_keeps_the_sweeps_run_order(tmp_path: Path):
+def test_rebuilt_comparison_keeps_the_sweeps_run_order_and_metric(tmp_path: Path):
     for name in ("b", "a"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps(summary("pre", 0.01, "finished", 1.0)))
     assert [r["run"] for r in compare.rows(compare.load_summaries(tmp_path), "val/loss")] == ["a", "b"]
     (tmp_path / compare.SWEEP_RECORD).write_text("runs: [b, a]\n")
     assert [r["run"] for r in compare.rows(compare.load_summaries(tmp_path), "val/loss")] == ["b", "a"]
+    (tmp_path / compare.SWEEP_RECORD).write_text("runs: [b, a]\nmetric: val/acc1\n")
+    assert "| val/acc1 |" in compare.write_comparison(tmp_path)["markdown"].read_text()  # the sweep's metric
 
 
 def test_depth_profile_groups_tags_per_stream_and_block():
@@ -77,3 +79,15 @@ def test_depth_profile_groups_tags_per_stream_and_block():
     assert profile.keys() == {"rms/post", "rms/pre", "grad"}
     assert profile["rms/post"] == [2.0, 1.0] and profile["grad"] == [0.5]
     assert math.isnan(profile["rms/pre"][0]) and profile["rms/pre"][1] == 9.0  # block 0 never logged
+
+
+def test_test_metrics_become_columns(tmp_path: Path):
+    for name, acc in (("pre", 0.8), ("siamese", None)):
+        (tmp_path / name).mkdir()
+        record = summary(name, 1e-3, "finished", 0.5) | ({"test": {"test/acc1": acc}} if acc else {})
+        (tmp_path / name / "summary.json").write_text(json.dumps(record))
+    out = compare.write_comparison(tmp_path)
+    table = out["markdown"].read_text().splitlines()
+    assert table[0].endswith("| params | test/acc1 |")
+    assert table[2].endswith("| 0.8 |") and table[3].endswith("| - |")  # an untested run shows a dash
+    assert out["csv"].read_text().splitlines()[0].endswith(",params,test/acc1")
