@@ -55,11 +55,11 @@ class Children:
         self._lock = threading.Lock()
         self.stopping = threading.Event()
 
-    def call(self, argv: list[str], **kwargs) -> int:
-        """``subprocess.call`` that registers the process; refuses to start once the sweep is stopping."""
+    def call(self, argv: list[str], **kwargs) -> int | None:
+        """``subprocess.call`` that registers the process; None (nothing started) once the sweep is stopping."""
         with self._lock:
             if self.stopping.is_set():
-                return SIGNAL_EXIT[signal.SIGTERM]
+                return None
             proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
             self._procs.add(proc)
         try:
@@ -232,20 +232,24 @@ def run_one(
     start = time.perf_counter()
     with log.open("a" if untested or "--ckpt_path=last" in argv else "w") as fh:
         code = 0 if untested else children.call(argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        if code == 0 and spec.test:
+        testing = code == 0 and spec.test
+        if testing:
             ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
             if ckpts:  # the newest checkpoint (last.ckpt is written after the best one)
                 test_argv = run.argv(spec, "test") + [f"--ckpt_path={ckpts[-1]}"]
                 code = children.call(test_argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
             else:
                 print(f"{tag}: no checkpoint to test", flush=True)
+    if code is None:  # the sweep stopped before this process could start
+        return "not started"
     record = read_summary(summary)
     status = record.get("status", "crashed")
     if status == "interrupted":
         print(f"{tag}: interrupted at step {record.get('steps', '?')} (run the sweep again to resume)", flush=True)
-    elif code != 0 and children.stopping.is_set():  # the fit had finished; its test was cut short
+    elif code != 0 and children.stopping.is_set():  # stopped during its test, or before fit could save anything
         status = "interrupted"
-        print(f"{tag}: test interrupted (run the sweep again to test it)", flush=True)
+        what = "test interrupted (run the sweep again to test it)" if testing else "stopped before its first step"
+        print(f"{tag}: {what}", flush=True)
     elif code != 0 and status not in DONE:
         status = "crashed"
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]

@@ -278,3 +278,12 @@ def test_previous_status(tmp_path: Path):
     assert sweep.previous_status(path) == "interrupted"
     path.write_text('{"status": "fini')  # a half-written file from a hard kill
     assert sweep.previous_status(path) == "crashed"
+
+
+def test_a_stopping_sweep_starts_no_process(tmp_path: Path):
+    children = sweep.Children()
+    marker = tmp_path / "started"
+    assert children.call([sys.executable, "-c", f"open({str(marker)!r}, 'w')"]) == 0 and marker.exists()
+    marker.unlink()
+    assert children.stop(signal.SIGTERM) == 0  # nothing was running
+    assert children.call([sys.executable, "-c", f"open({str(marker)!r}, 'w')"]) is None and not marker.exists()
