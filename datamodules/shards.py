@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -152,8 +153,8 @@ def write_shards(
     # atomic), meta.json last. Two processes preparing the same cache entry at once (a parallel sweep on
     # a cold cache) then never expose a half-written file: a reader's open memory map keeps the file it
     # opened. Only a rewrite with other contents removes meta.json first, marking the set incomplete.
-    staging = out_dir / f".staging-{os.getpid()}"
-    staging.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))  # unique per writer, same file system
     try:
         for split, (start, stop) in bounds.items():
             tokens[start:stop].astype(dtype.newbyteorder("<")).tofile(staging / f"{split}.bin")
