@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -44,16 +43,6 @@ model:
     trunk:
       activation_checkpointing: false
 """
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, Path]:
-    import pydoc_data.topics
-
-    root = tmp_path_factory.mktemp("text")
-    text = root / "corpus.txt"
-    text.write_text("".join(pydoc_data.topics.topics.values())[:200_000])
-    return text, root / "shards"
 
 
 def lm_args(runs: Path, corpus: tuple[Path, Path], batch_size: int, *extra: str) -> list[str]:

@@ -27,17 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 K = 4  # the interrupted run stops after K steps; the uninterrupted one runs 2K
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, Path]:
-    """A small UTF-8 corpus (fast to tokenize) and a shard cache directory shared by the module."""
-    import pydoc_data.topics
-
-    root = tmp_path_factory.mktemp("text")
-    text = root / "corpus.txt"
-    text.write_text("".join(pydoc_data.topics.topics.values())[:200_000])
-    return text, root / "shards"
-
-
 def lm_args(runs: Path, corpus: tuple[Path, Path], *extra: str) -> list[str]:
     text, shards = corpus
     return [
