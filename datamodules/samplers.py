@@ -3,7 +3,7 @@
 Each epoch's draw is a pure function of (seed, epoch): Lightning calls ``set_epoch`` before every
 epoch (and forwards it through its distributed wrapper), so a run is reproducible and every epoch
 sees a fresh order. A checkpoint stores ``{"seed", "epoch", "offset"}`` (see
-:class:`experiments.checkpointing.ExactResume`); the resumed pass over that epoch starts at its
+:class:`experiments.reliability.checkpointing.ExactResume`); the resumed pass over that epoch starts at its
 ``offset``-th item. The pass is rotated rather than shortened, so ``len`` and the distributed sharding
 (rank r takes items r, r + W, ... of the pass) stay as they were, and Lightning ends the resumed epoch
 after the batches that remained.

@@ -4,7 +4,7 @@ Every run is written to ``<runs_root>/<task>/<experiment>/<run_name>/`` (TensorB
 resolved ``config.yaml``, checkpoints, ``summary.json``), so runs of one experiment under different
 norm schemes overlay in one TensorBoard view: ``tensorboard --logdir runs/lm/tiny``.
 
-Every run also gets (see :mod:`experiments.checkpointing`): atomic checkpoint writes, a resumable
+Every run also gets (see :mod:`experiments.reliability.checkpointing`): atomic checkpoint writes, a resumable
 ``checkpoints/interrupted.ckpt`` on SIGTERM / Ctrl-C, exact resume (RNG states, data position) and a
 checked ``--ckpt_path`` ("last" = the newest readable checkpoint of the run; a truncated file falls
 back to the previous good one; a checkpoint of another shape or scheme is refused in one line).
@@ -20,8 +20,9 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
-from experiments.callbacks import DivergenceDetector, RunSummary
-from experiments.checkpointing import (
+from experiments.monitoring.divergence import DivergenceDetector
+from experiments.monitoring.summary import RunSummary
+from experiments.reliability.checkpointing import (
     AtomicCheckpointIO,
     ExactResume,
     InterruptCheckpoint,
@@ -29,7 +30,7 @@ from experiments.checkpointing import (
     checkpoint_dir,
     resolve_checkpoint,
 )
-from experiments.errors import OutputDirError
+from experiments.reliability.errors import OutputDirError
 
 
 class SuiteCLI(LightningCLI):
@@ -149,7 +150,7 @@ def _has_omegaconf() -> bool:
 
 
 def _task_name(class_path: str) -> str:
-    from experiments.registry import TASK_NAMES
+    from experiments.reliability.layout import TASK_NAMES
 
     return TASK_NAMES.get(class_path.rsplit(".", 1)[-1], class_path.rsplit(".", 1)[-1].lower())
 

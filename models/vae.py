@@ -1,7 +1,7 @@
 """The latent autoencoder as a network: build a fresh diffusers ``AutoencoderKL``, or load a saved one.
 
 Plain PyTorch + diffusers (no Lightning), so the latent cache (:mod:`datamodules.encode_latents`), the
-DiT task (decoding samples) and the VAE task (:mod:`experiments.vae`, which trains one) share it.
+DiT task (decoding samples) and the VAE task (:mod:`experiments.tasks.vae`, which trains one) share it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from experiments.bench.workloads import Batch, LossFn
-from experiments.optim import param_groups
+from experiments.tasks.optim import param_groups
 
 
 @dataclass

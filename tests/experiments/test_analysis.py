@@ -11,10 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments import analysis
+from experiments.analysis import cli as analysis_cli
+from experiments.analysis.loading import load_module, validation_batches
+from experiments.analysis.logit_lens import logit_lens_table
 from experiments.cli import main as cli_main
-from experiments.lm import LanguageModeling
-from experiments.optim import OptimConfig
+from experiments.tasks.lm import LanguageModeling
+from experiments.tasks.optim import OptimConfig
 from models import TrunkConfig
 from tests.experiments.tiny import tiny_lm
 
@@ -47,7 +49,7 @@ def rmsnorm(x, weight, eps: float = 1e-5):
 
 def test_prune_table_one_row_per_block_and_baseline_is_the_runs_val_loss(run_dir: Path, tmp_path: Path, capsys):
     ckpt = run_dir / "checkpoints" / "last.ckpt"
-    analysis.main(["prune", "--ckpt", str(ckpt), "--batches", "2", "--out", str(tmp_path), "--device", "cpu"])
+    analysis_cli.main(["prune", "--ckpt", str(ckpt), "--batches", "2", "--out", str(tmp_path), "--device", "cpu"])
     printed = capsys.readouterr().out
     rows = read_csv(tmp_path / "pruning.csv")
     assert [r["skipped"] for r in rows] == ["none"] + [f"block_{b}" for b in range(DEPTH)]
@@ -62,8 +64,8 @@ def test_prune_table_one_row_per_block_and_baseline_is_the_runs_val_loss(run_dir
         assert float(r["relative"]) == pytest.approx((float(r["loss"]) - base) / base, rel=1e-5)
         assert abs(float(r["increase"])) > 1e-5  # skipping a block changes the loss
     # One skipped row by hand: block 1 left out of the trunk loop, same validation batches.
-    module, datamodule = analysis.load_module(ckpt, [], [], "cpu")
-    batches = analysis.validation_batches(datamodule, 2, "cpu")
+    module, datamodule = load_module(ckpt, [], [], "cpu")
+    batches = validation_batches(datamodule, 2, "cpu")
     net, total, count = module.net, 0.0, 0
     with torch.no_grad():
         for batch in batches:
@@ -79,7 +81,7 @@ def test_prune_table_one_row_per_block_and_baseline_is_the_runs_val_loss(run_dir
 
 def test_logit_lens_siamese_two_streams_against_hand_readouts(run_dir: Path, capsys):
     ckpt = run_dir / "checkpoints" / "last.ckpt"
-    analysis.main(["logit-lens", "--ckpt", str(ckpt), "--batches", "2", "--device", "cpu"])  # --out: the run dir
+    analysis_cli.main(["logit-lens", "--ckpt", str(ckpt), "--batches", "2", "--device", "cpu"])  # --out: the run dir
     assert "| post |" in capsys.readouterr().out
     rows = {r["stream"]: r for r in read_csv(run_dir / "logit_lens.csv")}
     assert list(rows) == ["post", "pre", "full"]
@@ -90,12 +92,12 @@ def test_logit_lens_siamese_two_streams_against_hand_readouts(run_dir: Path, cap
     logged = json.loads((run_dir / "summary.json").read_text())["final_val"]["val/loss"]
     assert float(rows["full"]["loss"]) == pytest.approx(logged, rel=1e-5)  # the batches Lightning validated on
     # Each stream's readout by hand: N_o(N_a(x)) and N_o(N_b(y)) (RMSNorm), then the LM head.
-    module, datamodule = analysis.load_module(ckpt, [], [], "cpu")
+    module, datamodule = load_module(ckpt, [], [], "cpu")
     net, readout = module.net, module.net.trunk.readout
     agree = {"post": 0, "pre": 0}
     disagree = positions = correct_pre = 0
     with torch.no_grad():
-        for batch in analysis.validation_batches(datamodule, 2, "cpu"):
+        for batch in validation_batches(datamodule, 2, "cpu"):
             x, y = batch[:, :-1], batch[:, 1:]
             state, _ = net.trunk.forward_state(net.embed(x), rope=(net.rope_cos, net.rope_sin), is_causal=True)
             full = net(x).argmax(-1)
@@ -123,7 +125,7 @@ def test_logit_lens_single_stream_agrees_with_itself():
         seq_len=16,
     ).eval()
     batch = torch.randint(0, 50, (4, 17))
-    (row_x, row_full) = analysis.logit_lens_table(module, [batch])
+    (row_x, row_full) = logit_lens_table(module, [batch])
     assert row_x["stream"] == "x" and row_x["agreement"] == 1.0 and row_x["streams_disagree"] == 0.0
     assert math.isnan(row_x["agreement_where_streams_disagree"])
     with torch.no_grad():
@@ -134,7 +136,7 @@ def test_logit_lens_single_stream_agrees_with_itself():
 
 def _one_line_error(argv: list[str], capsys) -> str:
     with pytest.raises(SystemExit) as exc:
-        analysis.main(argv)
+        analysis_cli.main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err

@@ -14,7 +14,7 @@ from PIL import Image
 
 from datamodules.text import TextDataModule
 from experiments.__main__ import main
-from experiments.errors import describe, jsonargparse_line
+from experiments.reliability.errors import describe, jsonargparse_line
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def test_a_directory_that_is_not_an_autoencoder_is_one_line(tmp_path: Path):
 
 
 def test_missing_fid_reference_statistics_are_one_line(tmp_path: Path):
-    from experiments.fid.stats import load_real_stats
+    from experiments.evaluation.fid.stats import load_real_stats
 
     with pytest.raises(FileNotFoundError) as err:
         load_real_stats(tmp_path / "imagenet-256px.npz")

@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from experiments import compare
-from experiments.profiles import depth_profile
+from experiments.sweeps import compare
+from experiments.sweeps.profiles import depth_profile
 
 BASELINE = 3.0  # stalled above 0.9 x 3.0 = 2.7
 

@@ -12,9 +12,9 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from experiments.diagnostics import Diagnostics, stream_dict
-from experiments.lm import LanguageModeling
-from experiments.optim import OptimConfig
+from experiments.monitoring.diagnostics import Diagnostics, stream_dict
+from experiments.tasks.lm import LanguageModeling
+from experiments.tasks.optim import OptimConfig
 from models import DiT, LanguageModel, TrunkConfig, ViTClassifier
 from models.schemes import NormScheme
 
@@ -81,7 +81,7 @@ def test_rms_and_max_abs_per_stream_match_hand_computation(scheme: str):
 
 @pytest.mark.parametrize("scheme", ["siamese", "siamese_hybrid", "resi_dual", "pre"])
 def test_norm_scales_are_mean_abs_weights(scheme: str):
-    from experiments.diagnostics import norm_scales
+    from experiments.monitoring.diagnostics import norm_scales
 
     net = LanguageModel(tiny_trunk(scheme), vocab_size=64, max_seq_len=8)
     for p in net.trunk.parameters():
@@ -131,7 +131,7 @@ def test_image_trunks_vit_and_dit(task: str):
         inputs = (torch.randn(2, 4, 8, 8), torch.tensor([3, 700]), torch.tensor([0, 4]))
     module = torch.nn.Module()
     module.net = net
-    from experiments.diagnostics import find_trunk, norm_scales
+    from experiments.monitoring.diagnostics import find_trunk, norm_scales
 
     diag = Diagnostics()
     diag.attach(find_trunk(module))

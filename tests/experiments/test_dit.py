@@ -10,7 +10,7 @@ import torch
 
 from datamodules.encode_latents import main as encode_main
 from experiments.cli import main
-from experiments.diffusion import guided_prediction, make_scheduler, sample_latents, vlb_term
+from experiments.tasks.diffusion import guided_prediction, make_scheduler, sample_latents, vlb_term
 from models import DiT, TrunkConfig
 from models.schemes import NormScheme
 from models.vae import build_vae

@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-import experiments.fid.weights as fid_weights
-from experiments.fid import (
+import experiments.evaluation.fid.weights as fid_weights
+from experiments.evaluation.fid import (
     FidBackend,
     FidWeightsLayoutError,
     ProxyFeatureExtractor,
@@ -31,10 +31,10 @@ from experiments.fid import (
     real_stats_path,
     resolve_fid_weights,
 )
-from experiments.fid.__main__ import main
-from experiments.fid.convert import FC_SHAPE, convert_state_dict
-from experiments.fid.images import ImageSet
-from experiments.fid.weights import CONVERTED_FILE, TORCH_HUB_FILE
+from experiments.evaluation.fid.cli import main
+from experiments.evaluation.fid.convert import FC_SHAPE, convert_state_dict
+from experiments.evaluation.fid.images import ImageSet
+from experiments.evaluation.fid.weights import CONVERTED_FILE, TORCH_HUB_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 WHEEL_FILE = locate_fid_helper_torchscript()
@@ -314,7 +314,7 @@ def test_cli_module_entry_point(converted: fid_weights.FidWeights, tmp_path: Pat
     a = write_npz(tmp_path / "a.npz", smooth_images(4, 32, seed=8))
     b = write_folder(tmp_path / "b", smooth_images(4, 32, seed=9, shift=60))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "experiments.fid", str(a), str(b), "--feature", "64"]
+    cmd = [sys.executable, "-m", "experiments.evaluation.fid", str(a), str(b), "--feature", "64"]
     ok = subprocess.run(
         [*cmd, "--weights", converted.state_dict_path], cwd=REPO, env=env, capture_output=True, text=True
     )

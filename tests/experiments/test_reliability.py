@@ -17,9 +17,14 @@ import pytest
 import torch
 
 from experiments.__main__ import main
-from experiments.checkpointing import INTERRUPTED_NAME, AtomicCheckpointIO, checkpoint_problem, resolve_checkpoint
-from experiments.errors import SIGINT_EXIT, SIGTERM_EXIT, CheckpointError, OutputDirError
-from experiments.optim import OptimConfig
+from experiments.reliability.checkpointing import (
+    INTERRUPTED_NAME,
+    AtomicCheckpointIO,
+    checkpoint_problem,
+    resolve_checkpoint,
+)
+from experiments.reliability.errors import SIGINT_EXIT, SIGTERM_EXIT, CheckpointError, OutputDirError
+from experiments.tasks.optim import OptimConfig
 from models import TrunkConfig
 from tests.experiments.tiny import tiny_lm
 
@@ -263,7 +268,7 @@ def test_run_dir_blocked_by_a_file_is_one_line_and_leaves_earlier_runs(tmp_path:
 
 def test_full_disk_is_caught_before_training(tmp_path: Path, monkeypatch):
     from experiments.cli import ensure_writable
-    from experiments.errors import describe
+    from experiments.reliability.errors import describe
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -294,7 +299,7 @@ def test_read_only_runs_root_is_one_line(tmp_path: Path, corpus, capsys):
 
 
 def test_ema_is_part_of_the_state_dict_and_frozen():
-    from experiments.vit import ImageClassification
+    from experiments.tasks.vit import ImageClassification
 
     trunk = TrunkConfig(dim=16, depth=1, num_heads=2)
     module = ImageClassification(trunk, OptimConfig(), num_classes=3, img_size=8, patch_size=4, ema_decay=0.9)

@@ -18,9 +18,9 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
-from experiments import sweep
-from experiments.callbacks import DivergenceDetector
 from experiments.cli import main as cli_main
+from experiments.monitoring.divergence import DivergenceDetector
+from experiments.sweeps import sweep
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
         "lrs": [1e-3, 1000.0],  # the second one explodes
         "args": [*TINY, f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=3",
                  "--trainer.val_check_interval=3", "--trainer.log_every_n_steps=1",
-                 "--trainer.callbacks+=experiments.diagnostics.Diagnostics",
+                 "--trainer.callbacks+=experiments.monitoring.diagnostics.Diagnostics",
                  "--trainer.callbacks.every_n_steps=1"],
         "runs_root": str(tmp_path / "runs"),
         "parallel": 2,  # both runs at once (one thread each)
@@ -240,7 +240,7 @@ def test_shipped_sweeps_parse_with_diagnostics_enabled(name: str, monkeypatch, c
     assert exc.value.code in (0, None)
     config = yaml.safe_load(capsys.readouterr().out)
     callbacks = {c["class_path"]: c.get("init_args", {}) for c in config["trainer"]["callbacks"]}
-    assert callbacks["experiments.diagnostics.Diagnostics"]["every_n_steps"] == 25
+    assert callbacks["experiments.monitoring.diagnostics.Diagnostics"]["every_n_steps"] == 25
     assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks  # appended, not replaced
     assert config["model"]["init_args"]["optim"]["lr"] == runs[-1].lr and config["trainer"]["max_steps"] == 300
 

@@ -11,8 +11,8 @@ from diffusers import AutoencoderKL
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from experiments.registry import TASK_NAMES
-from experiments.vae import AutoencoderTraining, compute_scaling_factor
+from experiments.reliability.layout import TASK_NAMES
+from experiments.tasks.vae import AutoencoderTraining, compute_scaling_factor
 from models.vae import load_vae
 
 TINY = dict(block_out_channels=[8, 16], norm_num_groups=4, latent_channels=4, img_size=16, warmup_steps=2)

@@ -27,7 +27,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.image import PeakSignalNoiseRatio
 from torchvision.utils import make_grid
 
-from experiments.optim import warmup_cosine
+from experiments.tasks.optim import warmup_cosine
 from models.vae import build_vae
 
 __all__ = ["AutoencoderTraining", "VaeLosses", "compute_scaling_factor"]

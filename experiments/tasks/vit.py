@@ -11,8 +11,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from experiments.optim import OptimConfig
-from experiments.task import TaskModule
+from experiments.tasks.base import TaskModule
+from experiments.tasks.optim import OptimConfig
 from models import TrunkConfig, ViTClassifier
 
 

@@ -1,4 +1,4 @@
-"""Task LightningModules by short name (used for run directories)."""
+"""Where runs live: ``<runs_root>/<task>/<experiment>/<run_name>/``, and the short task names used there."""
 
 TASK_NAMES: dict[str, str] = {
     "LanguageModeling": "lm",

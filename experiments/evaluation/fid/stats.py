@@ -148,8 +148,8 @@ def load_real_stats(path: str | Path, backend: str | None = None) -> RealStats:
     if not path.is_file():
         raise FileNotFoundError(
             f"FID reference statistics not found: {path}; make them with "
-            f"`python -m experiments.fid REAL_IMAGES REAL_IMAGES --save-real-stats {path}` "
-            "or experiments.fid.real_stats_for(path, metric, backend, images=...)"
+            f"`python -m experiments fid REAL_IMAGES REAL_IMAGES --save-real-stats {path}` "
+            "or experiments.evaluation.fid.real_stats_for(path, metric, backend, images=...)"
         )
     with np.load(path) as data:
         stored = str(data["backend"])

@@ -6,7 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from experiments.optim import OptimConfig, build_optimizer
+from experiments.tasks.optim import OptimConfig, build_optimizer
 from models import TrunkConfig
 
 

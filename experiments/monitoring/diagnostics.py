@@ -1,7 +1,7 @@
 """Training diagnostics the paper argues with (DESIGN.md section 6), one callback away::
 
     python -m experiments fit -c configs/lm/tiny.yaml -c configs/norm/siamese.yaml \\
-        --trainer.callbacks+=experiments.diagnostics.Diagnostics --trainer.callbacks.every_n_steps=25
+        --trainer.callbacks+=experiments.monitoring.diagnostics.Diagnostics --trainer.callbacks.every_n_steps=25
 
 Every ``every_n_steps`` optimizer steps, written straight to every logger of the module (so TensorBoard
 shows them whatever ``log_every_n_steps`` is), under these stable tags:

@@ -8,12 +8,12 @@ Public API::
     compute_real_stats(images_iter, metric) -> RealStats(mu, sigma, num_samples)
     real_stats_for(path, metric, backend, images=None)  # load the cache, or compute + save it once
 
-Command line: ``python -m experiments.fid A B [--weights PATH] [--batch-size N] [--image-size 299]``.
+Command line: ``python -m experiments fid A B [--weights PATH] [--batch-size N] [--image-size 299]``.
 """
 
-from experiments.fid.convert import FidWeightsLayoutError, convert_fid_helper_torchscript
-from experiments.fid.metric import ProxyFeatureExtractor, build_fid_metric, metric_name
-from experiments.fid.stats import (
+from experiments.evaluation.fid.convert import FidWeightsLayoutError, convert_fid_helper_torchscript
+from experiments.evaluation.fid.metric import ProxyFeatureExtractor, build_fid_metric, metric_name
+from experiments.evaluation.fid.stats import (
     RealStats,
     compute_real_stats,
     load_real_stats,
@@ -22,7 +22,12 @@ from experiments.fid.stats import (
     save_real_stats,
     write_real_stats,
 )
-from experiments.fid.weights import FidBackend, FidWeights, locate_fid_helper_torchscript, resolve_fid_weights
+from experiments.evaluation.fid.weights import (
+    FidBackend,
+    FidWeights,
+    locate_fid_helper_torchscript,
+    resolve_fid_weights,
+)
 
 __all__ = [
     "FidBackend",

@@ -11,7 +11,7 @@ from scratch when it has none). ``--restart`` reruns those from an emptied direc
 Ctrl-C or SIGTERM stops the sweep cleanly: no new run starts, the running ones are stopped the way a
 single run is (they save ``interrupted.ckpt``), and the sweep exits 130 / 143 saying how to resume.
 The comparison (markdown + CSV table, PNG plots, TensorBoard custom-scalars layout) is rebuilt from
-the summary files at the end: see :mod:`experiments.compare`.
+the summary files at the end: see :mod:`experiments.sweeps.compare`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.compare import SWEEP_RECORD, write_comparison
+from experiments.sweeps.compare import SWEEP_RECORD, write_comparison
 from models.schemes import NormScheme
 
 DONE = ("finished", "diverged")
@@ -170,7 +170,7 @@ def grid(spec: SweepSpec) -> list[Run]:
 
 
 def task_of(spec: SweepSpec) -> str:
-    from experiments.registry import TASK_NAMES
+    from experiments.reliability.layout import TASK_NAMES
 
     for cfg in spec.configs:
         class_path = ((yaml.safe_load(Path(cfg).read_text()) or {}).get("model") or {}).get("class_path", "")

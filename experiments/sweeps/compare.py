@@ -1,6 +1,6 @@
 """Turn run summaries into a comparison: a markdown + CSV table, PNG plots and a TensorBoard layout.
 
-python -m experiments.compare runs/lm/demo          # rebuild the comparison of a sweep directory
+python -m experiments compare runs/lm/demo          # rebuild the comparison of a sweep directory
 
 A run's status is its summary's (finished, diverged, interrupted, crashed), except that a finished run
 whose validation loss stays above ``STALL_RATIO`` x the data's baseline loss (for the LM: the unigram
@@ -24,8 +24,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from experiments.profiles import plot_depth_profiles  # noqa: E402
-from experiments.tb_layout import write_layout  # noqa: E402
+from experiments.sweeps.profiles import plot_depth_profiles  # noqa: E402
+from experiments.sweeps.tb_layout import write_layout  # noqa: E402
 
 SWEEP_RECORD = "sweep.yaml"  # written by the sweep into its directory: its spec and run order
 STALL_RATIO = 0.9  # stalled: final val loss > 90 % of the context-free baseline
@@ -262,8 +262,14 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
     return out
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
-        sys.exit("usage: python -m experiments.compare SWEEP_DIR  (a directory of run directories)")
-    for kind, p in write_comparison(Path(sys.argv[1])).items():
+def main(argv: list[str] | None = None) -> None:
+    """``python -m experiments compare SWEEP_DIR``: rebuilds the comparison from the run summaries."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1 or argv[0] in ("-h", "--help") or not Path(argv[0]).is_dir():
+        sys.exit("usage: python -m experiments compare SWEEP_DIR  (a directory of run directories)")
+    for kind, p in write_comparison(Path(argv[0])).items():
         print(f"{kind}: {p}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """Depth profiles of a sweep: per-block residual RMS of every stream and pre-clip gradient norm per block.
 
-Read from the runs' TensorBoard event files (the :class:`experiments.diagnostics.Diagnostics` tags
+Read from the runs' TensorBoard event files (the :class:`experiments.monitoring.diagnostics.Diagnostics` tags
 ``diag/rms/<stream>/block_<b>`` and ``diag/grad_norm/block_<b>``) at the last logged step, and drawn
 as one row per learning rate: residual RMS against depth on the left (the paper's "hidden-state norms
 grow with depth in Pre-Norm, not in the Post-Norm-like stream"), gradient norm against depth on the
@@ -54,7 +54,7 @@ def _positive(values: list[float]) -> list[float]:
 
 
 def plot_depth_profiles(sweep_dir: Path, table: list[dict], path: Path) -> bool:
-    """Draws ``path`` from the runs of ``table`` (rows of :func:`experiments.compare.rows`); False if no
+    """Draws ``path`` from the runs of ``table`` (rows of :func:`experiments.sweeps.compare.rows`); False if no
     run logged diagnostics."""
     profiles = {r["run"]: depth_profile(last_diagnostics(sweep_dir / r["run"])) for r in table}
     runs = [r for r in table if profiles[r["run"]]]

@@ -11,9 +11,9 @@ from timm.utils import ModelEmaV3
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from experiments.diffusion import SAMPLERS, make_scheduler, sample_latents, vlb_term
-from experiments.optim import OptimConfig
-from experiments.task import TaskModule
+from experiments.tasks.base import TaskModule
+from experiments.tasks.diffusion import SAMPLERS, make_scheduler, sample_latents, vlb_term
+from experiments.tasks.optim import OptimConfig
 from models import DiT, TrunkConfig
 
 
@@ -157,14 +157,14 @@ class LatentDiffusion(TaskModule):
 
     # ----------------------------------------------------------------------------- FID at test time
     def on_test_epoch_end(self) -> None:
-        from experiments.fid import build_fid_metric, metric_name
-        from experiments.fid_reference import reference_batches, reference_stats_path
+        from experiments.evaluation.fid import build_fid_metric, metric_name
+        from experiments.evaluation.fid.reference import reference_batches, reference_stats_path
 
         hp = self.hparams
         metric, backend = build_fid_metric(hp.fid_weights, reset_real_features=False)
         metric = metric.to(self.device)
         datamodule = self.trainer.datamodule
-        from experiments.fid import real_stats_for
+        from experiments.evaluation.fid import real_stats_for
 
         path = reference_stats_path(datamodule, backend, hp.fid_real_images)
         real_stats_for(path, metric, backend, reference_batches(datamodule, hp.fid_real_images, hp.fid_batch_size))

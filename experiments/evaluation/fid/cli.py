@@ -1,4 +1,4 @@
-"""FID between two image sets: ``python -m experiments.fid A B [--weights PATH] [--batch-size N]``.
+"""FID between two image sets: ``python -m experiments fid A B [--weights PATH] [--batch-size N]``.
 
 A and B are each a folder of .png/.jpg images (recursive) or an .npz with uint8 NHWC images under
 ``arr_0`` (the ADM / DiT sample format) or ``images``. A is the reference ("real") set; it may also be
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from experiments.fid.images import ImageSet
-from experiments.fid.metric import build_fid_metric, metric_name
-from experiments.fid.stats import (
+from experiments.evaluation.fid.images import ImageSet
+from experiments.evaluation.fid.metric import build_fid_metric, metric_name
+from experiments.evaluation.fid.stats import (
     compute_real_stats,
     is_real_stats_file,
     load_real_stats,
@@ -35,7 +35,7 @@ EXIT_BAD_INPUT = 2
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m experiments.fid", description="FID between two image sets (folders of png/jpg, or .npz)."
+        prog="python -m experiments fid", description="FID between two image sets (folders of png/jpg, or .npz)."
     )
     parser.add_argument("a", help="reference images: folder or .npz")
     parser.add_argument("b", help="images to score: folder or .npz")

@@ -8,8 +8,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
-from experiments.optim import OptimConfig
-from experiments.task import TaskModule
+from experiments.tasks.base import TaskModule
+from experiments.tasks.optim import OptimConfig
 from models import LanguageModel, TrunkConfig
 
 
