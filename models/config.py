@@ -37,6 +37,7 @@ class TrunkConfig:
         mix_ratio: Mix-LN's share of Post-Norm blocks.
         siamese_input_norm: SiameseNorm's ``N_in`` switch.
         siamese_depth_scaling: SiameseNorm's ``1/sqrt(2(b+1))`` switch.
+        hybrid_depth_scaling: HybridNorm with its update scaled by ``1/sqrt(2(b+1))`` (paper Table 3).
         init: Linear-weight init: "trunc_normal" (timm ViT), "normal" (GPT) or "xavier" (DiT).
         init_std: std of the normal inits.
         scaled_output_init: divide the std of residual output projections by ``sqrt(2 L)`` (GPT-2).
@@ -63,6 +64,7 @@ class TrunkConfig:
     mix_ratio: float = 0.25
     siamese_input_norm: bool = True
     siamese_depth_scaling: bool = True
+    hybrid_depth_scaling: bool = False
     init: str = "trunc_normal"
     init_std: float = 0.02
     scaled_output_init: bool = False
@@ -93,7 +95,9 @@ class TrunkConfig:
 
     @property
     def scheme_options(self) -> SchemeOptions:
-        return SchemeOptions(self.mix_ratio, self.siamese_input_norm, self.siamese_depth_scaling)
+        return SchemeOptions(
+            self.mix_ratio, self.siamese_input_norm, self.siamese_depth_scaling, self.hybrid_depth_scaling
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -45,6 +45,7 @@ PRESETS: dict[str, Preset] = {
     "lm-390m-d80":  Preset("lm", dict(dim=512, depth=80, num_heads=4, mlp_hidden=2048, **_LM), dict(vocab_size=50304), 3.9e8),
     "lm-moe-15a2b": Preset("lm", dict(dim=2048, depth=16, num_heads=16, moe_experts=64, moe_top_k=8, moe_hidden=2304, **_LM), dict(vocab_size=50304, max_seq_len=4096), 15e9),
     "lm-tiny":      Preset("lm", dict(dim=128, depth=4, num_heads=4, mlp_hidden=512, **_LM), dict(vocab_size=256, max_seq_len=256)),
+    "lm-deep":      Preset("lm", dict(dim=64, depth=16, num_heads=4, mlp_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=256)),
     "lm-moe-tiny":  Preset("lm", dict(dim=128, depth=4, num_heads=4, moe_experts=8, moe_top_k=2, moe_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=256)),
     # --- ViT classification (DeiT) --------------------------------------------------------------------------
     "deit-tiny":    Preset("vit", dict(dim=192, depth=12, num_heads=3, **_VIT), dict(img_size=224, patch_size=16, num_classes=1000), 5.7e6),

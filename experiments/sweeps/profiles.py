@@ -24,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 RMS_TAG = re.compile(r"^diag/rms/(?P<stream>[^/]+)/block_(?P<block>\d+)$")
 GRAD_TAG = re.compile(r"^diag/grad_norm/block_(?P<block>\d+)$")
-STREAM_STYLE = {"x": "-", "pre": "-", "h0": "-", "post": "--", "delta": ":", "h1": "-."}
+STREAM_STYLE = {"x": "-", "pre": "-", "h0": "-", "hybrid": "-", "post": "--", "delta": ":", "h1": "-."}
 
 Profile = dict[str, list[float]]  # {"rms/<stream>" | "grad": value per block, NaN where missing}
 

@@ -77,6 +77,9 @@ class Children:
             return len(self._procs)
 
 
+NORM_OVERLAYS = Path("configs/norm")
+
+
 @dataclass
 class SweepSpec:
     """A sweep file (YAML). Empty lists mean "what the config says".
@@ -84,10 +87,16 @@ class SweepSpec:
     Attributes:
         name: experiment name; runs land in ``<runs_root>/<task>/<name>/<run>``.
         configs: task configs stacked before each scheme overlay.
-        schemes: norm schemes (each adds ``configs/norm/<scheme>.yaml``).
+        schemes: norm schemes, or named variants of one (each adds ``configs/norm/<entry>.yaml``, e.g.
+            ``siamese_hybrid-no-input-norm``).
+        overlays: configs of which each run stacks one (e.g. the shapes of a depth study); the run name
+            gets the file's stem.
         lrs: peak learning rates.
         warmups: warmup lengths in steps.
-        seeds: seeds.
+        seeds: seeds; each sets ``seed_everything`` (model init) and, unless ``seed_data`` is false, the
+            DataModule's ``seed`` (data order), so seeds are independent replicates.
+        seed_data: whether a seed also varies the data order.
+        baseline: the scheme every other scheme is compared with, seed by seed (e.g. ``pre``).
         args: extra CLI arguments for every run (e.g. ``--trainer.max_steps=300``).
         metric: the column the table is sorted by and the bar plot shows.
         parallel: runs at once.
@@ -98,9 +107,12 @@ class SweepSpec:
     name: str
     configs: list[str]
     schemes: list[str]
+    overlays: list[str] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
     warmups: list[int] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
+    seed_data: bool = True
+    baseline: str | None = None
     args: list[str] = field(default_factory=list)
     metric: str = "val/loss"
     parallel: int = 1
@@ -116,10 +128,14 @@ class SweepSpec:
         if unknown:
             raise ValueError(f"unknown sweep keys {sorted(unknown)}; valid: {sorted(cls.__dataclass_fields__)}")
         spec = cls(**raw)
+        variants = sorted(p.stem for p in NORM_OVERLAYS.glob("*.yaml") if p.stem not in set(NormScheme))
         for scheme in spec.schemes:
-            if scheme not in NormScheme.__members__.values():
-                raise ValueError(f"unknown scheme {scheme!r} in {path}; valid: {', '.join(NormScheme)}")
-        for cfg in spec.configs:
+            if scheme not in NormScheme.__members__.values() and scheme not in variants:
+                valid = ", ".join([*NormScheme, *variants])
+                raise ValueError(f"unknown scheme {scheme!r} in {path}; valid: {valid}")
+        if spec.baseline is not None and spec.baseline not in spec.schemes:
+            raise ValueError(f"baseline {spec.baseline!r} in {path} is not one of its schemes {spec.schemes}")
+        for cfg in [*spec.configs, *spec.overlays]:
             if not Path(cfg).is_file():
                 raise FileNotFoundError(f"config {cfg!r} named in {path} does not exist")
         if any(lr <= 0 for lr in spec.lrs):
@@ -131,13 +147,18 @@ class SweepSpec:
 
 @dataclass(frozen=True)
 class Run:
+    """One point of the grid; ``scheme`` is a scheme or a named variant of one (its norm overlay's name)."""
+
     scheme: str
     lr: float | None
     warmup: int | None
     seed: int | None
+    overlay: str | None = None
 
     def name(self, spec: SweepSpec) -> str:
         parts = [self.scheme]
+        if len(spec.overlays) > 1:
+            parts.append(Path(self.overlay).stem)
         if len(spec.lrs) > 1:
             parts.append(f"lr{self.lr:g}")
         if len(spec.warmups) > 1:
@@ -148,7 +169,8 @@ class Run:
 
     def argv(self, spec: SweepSpec, sub: str = "fit") -> list[str]:
         argv = [sys.executable, "-m", "experiments", sub]
-        for cfg in [*spec.configs, f"configs/norm/{self.scheme}.yaml"]:
+        overlays = [self.overlay] if self.overlay else []
+        for cfg in [*spec.configs, *overlays, str(NORM_OVERLAYS / f"{self.scheme}.yaml")]:
             argv += ["-c", cfg]
         argv += [f"--runs_root={spec.runs_root}", f"--experiment={spec.name}", f"--run_name={self.name(spec)}"]
         if self.lr is not None:
@@ -157,14 +179,23 @@ class Run:
             argv.append(f"--model.init_args.optim.warmup_steps={self.warmup}")
         if self.seed is not None:
             argv.append(f"--seed_everything={self.seed}")
+            if spec.seed_data:
+                argv.append(f"--data.init_args.seed={self.seed}")
         return argv + list(spec.args)
+
+    def record(self, spec: SweepSpec) -> dict:
+        """What ``sweep.yaml`` keeps of the run: its name and its coordinates in the grid."""
+        overlay = Path(self.overlay).stem if self.overlay else None
+        return {"name": self.name(spec), "scheme": self.scheme, "overlay": overlay, "lr": self.lr,
+                "warmup": self.warmup, "seed": self.seed}  # fmt: skip
 
 
 def grid(spec: SweepSpec) -> list[Run]:
+    """Every run: schemes x overlays x lrs x warmups x seeds, seeds varying fastest."""
     return [
-        Run(s, lr, wu, seed)
-        for s, lr, wu, seed in itertools.product(
-            spec.schemes, spec.lrs or [None], spec.warmups or [None], spec.seeds or [None]
+        Run(s, lr, wu, seed, overlay)
+        for s, overlay, lr, wu, seed in itertools.product(
+            spec.schemes, spec.overlays or [None], spec.lrs or [None], spec.warmups or [None], spec.seeds or [None]
         )
     ]
 
@@ -291,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"sweep {spec.name}: {len(runs)} runs, {spec.parallel} at a time, into {sweep_dir}", flush=True)
     sweep_dir.mkdir(parents=True, exist_ok=True)  # the spec as run, and the run order the comparison keeps
-    record = {**asdict(spec), "runs": [r.name(spec) for r in runs], "sweep_file": args.sweep_file}
+    record = {**asdict(spec), "runs": [r.name(spec) for r in runs], "grid": [r.record(spec) for r in runs],
+              "sweep_file": args.sweep_file}  # fmt: skip
     (sweep_dir / SWEEP_RECORD).write_text(yaml.safe_dump(record, sort_keys=False))
     children, stopped_by = Children(), None
     previous_handler = signal.signal(signal.SIGTERM, _raise_stopped)

@@ -1,9 +1,10 @@
-"""Norm schemes: one registered class per normalization placement (DESIGN.md section 3)."""
+"""Norm schemes: one registered class per normalization placement (equations: docs/schemes.md)."""
 
 from models.schemes import hyper, single_stream, two_stream  # noqa: F401  (registers every scheme)
 from models.schemes.base import (
     SCHEMES,
     DualStream,
+    HybridDual,
     NormScheme,
     Readout,
     Scheme,
@@ -18,6 +19,7 @@ from models.schemes.base import (
 __all__ = [
     "SCHEMES",
     "DualStream",
+    "HybridDual",
     "NormScheme",
     "Readout",
     "Scheme",

@@ -16,6 +16,7 @@ checkpointing, ``torch.compile``, DDP and FSDP working.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar, Literal, NamedTuple
@@ -36,6 +37,7 @@ class NormScheme(StrEnum):
     HYBRID = "hybrid"
     RESI_DUAL = "resi_dual"
     HYPER = "hyper"
+    RESI_DUAL_HYBRID = "resi_dual_hybrid"
     SIAMESE = "siamese"
     SIAMESE_HYBRID = "siamese_hybrid"
 
@@ -54,7 +56,14 @@ class DualStream(NamedTuple):
     delta: Tensor
 
 
-State = Tensor | TwoStream | DualStream
+class HybridDual(NamedTuple):
+    """ResiDual's topology with a HybridNorm main stream: that stream and the sum of raw branch outputs."""
+
+    hybrid: Tensor
+    delta: Tensor
+
+
+State = Tensor | TwoStream | DualStream | HybridDual
 SiteKind = Literal["attn", "mlp", "readout"]
 
 
@@ -66,11 +75,14 @@ class SchemeOptions:
         mix_ratio: Mix-LN: the first ``floor(mix_ratio * L)`` blocks are Post-Norm, the rest Pre-Norm.
         input_norm: SiameseNorm ablation: keep the branch-input norm ``N_in`` (paper Table 3).
         depth_scaling: SiameseNorm ablation: scale the X-stream update by ``1 / sqrt(2(b + 1))``.
+        hybrid_depth_scaling: HybridNorm ablation (paper Table 3): scale its single stream's update by
+            ``1 / sqrt(2(b + 1))``, the depth scaling SiameseNorm applies to its X stream.
     """
 
     mix_ratio: float = 0.25
     input_norm: bool = True
     depth_scaling: bool = True
+    hybrid_depth_scaling: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,11 @@ class Site:
     def block(self) -> int:
         """0-based block index b = s // 2."""
         return self.index // 2
+
+    @property
+    def depth_scale(self) -> float:
+        """SiameseNorm's depth scaling ``c = sqrt(2 (b + 1))``, the same for both sublayers of block b."""
+        return math.sqrt(2 * (self.block + 1))
 
     def norm(self) -> nn.Module:
         """A fresh affine norm N(.)."""

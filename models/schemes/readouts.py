@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.schemes.base import DualStream, Readout, Site, TwoStream
+from models.schemes.base import DualStream, HybridDual, Readout, Site, TwoStream
 
 
 class FinalNorm(Readout):
@@ -50,6 +50,22 @@ class ResiDualReadout(Readout):
         return {"post": self.norm_f(state.post), "delta": self.norm_f(self.norm_d(state.delta))}
 
 
+class HybridDualReadout(Readout):
+    """``N_x(x) + N_d(d)``: ResiDual's readout for a main stream that does not end on a norm (HybridNorm's)."""
+
+    def __init__(self, site: Site) -> None:
+        super().__init__(site)
+        self.norm_x = site.norm()
+        self.norm_d = site.norm()
+        self.norm_f = site.cond_norm()
+
+    def forward(self, state: HybridDual) -> Tensor:
+        return self.norm_f(self.norm_x(state.hybrid) + self.norm_d(state.delta))
+
+    def streams(self, state: HybridDual) -> dict[str, Tensor]:
+        return {"hybrid": self.norm_f(self.norm_x(state.hybrid)), "delta": self.norm_f(self.norm_d(state.delta))}
+
+
 class SiameseFusion(Readout):
     """``N_o(N_a(x) + N_b(y))``: each stream normalized, summed, normalized again."""
 
@@ -80,4 +96,4 @@ class HyperReadout(Readout):
         return {f"h{i}": self.norm_f(h) for i, h in enumerate(torch.unbind(state, dim=-2))}
 
 
-__all__ = ["FinalNorm", "PassThrough", "ResiDualReadout", "SiameseFusion", "HyperReadout"]
+__all__ = ["FinalNorm", "PassThrough", "ResiDualReadout", "HybridDualReadout", "SiameseFusion", "HyperReadout"]

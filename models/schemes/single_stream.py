@@ -119,9 +119,12 @@ class MixLN(Scheme):
 class HybridNorm(Scheme):
     """HybridNorm (Zhuo et al., 2025): QKV-norm attention, Post-Norm MLP.
 
-    attention: ``x = x + Attn(x)``, with Q, K, V each normalized per head after projection
-    MLP:       ``u = N(x);  x = u + F(u)``
+    attention: ``x = x + Attn(x) / c``, with Q, K, V each normalized per head after projection
+    MLP:       ``u = N(x);  x = u + F(u) / c``
     readout:   ``N_f(x)``
+
+    ``c = 1``; with ``hybrid_depth_scaling`` (paper Table 3) ``c = sqrt(2 (b + 1))``, SiameseNorm's X-stream
+    depth scaling on HybridNorm's single stream.
     """
 
     readout = FinalNorm
@@ -130,6 +133,7 @@ class HybridNorm(Scheme):
     def __init__(self, site: Site) -> None:
         super().__init__(site)
         self.is_attn = site.kind == "attn"
+        self.c = site.depth_scale if site.options.hybrid_depth_scaling else 1.0
         self.cond_norm = site.cond_norm()
         if not self.is_attn:
             self.norm = site.norm()
@@ -141,4 +145,4 @@ class HybridNorm(Scheme):
         return self.cond_norm(u), u
 
     def update(self, x: Tensor, out: Tensor) -> Tensor:
-        return x + out
+        return x + out / self.c

@@ -1,4 +1,5 @@
-"""Two-stream schemes: ResiDual, SiameseNorm and SiameseNorm with a HybridNorm X stream.
+"""Two-stream schemes: ResiDual (with a Post-LN or a HybridNorm main stream), SiameseNorm and SiameseNorm
+with a HybridNorm X stream.
 
 SiameseNorm (arXiv 2602.08064) keeps a Post-Norm-like stream X and a Pre-Norm-like stream Y.
 Every sublayer reads both through ONE shared branch and writes its output to both::
@@ -15,13 +16,11 @@ Every sublayer reads both through ONE shared branch and writes its output to bot
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from models.schemes.base import DualStream, NormScheme, Scheme, Site, TwoStream, register
-from models.schemes.readouts import ResiDualReadout, SiameseFusion
+from models.schemes.base import DualStream, HybridDual, NormScheme, Scheme, Site, TwoStream, register
+from models.schemes.readouts import HybridDualReadout, ResiDualReadout, SiameseFusion
 
 
 @register(NormScheme.RESI_DUAL)
@@ -50,6 +49,40 @@ class ResiDual(Scheme):
         return DualStream(post=self.norm(state.post + out), delta=state.delta + out)
 
 
+@register(NormScheme.RESI_DUAL_HYBRID)
+class ResiDualHybrid(Scheme):
+    """ResiDual's topology with a HybridNorm main stream (paper Table 3: the second stream alone is not
+    what makes SiameseNorm work).
+
+    attention: ``o = Attn(x);         x = x + o;  d = d + o``   (QKV-norm attention)
+    MLP:       ``u = N(x);  o = F(u);  x = u + o;  d = d + o``
+    readout:   ``N_x(x) + N_d(d)``; both streams start from the embedding.
+    """
+
+    readout = HybridDualReadout
+    qkv_norm = True
+
+    def __init__(self, site: Site) -> None:
+        super().__init__(site)
+        self.is_attn = site.kind == "attn"
+        self.cond_norm = site.cond_norm()
+        if not self.is_attn:
+            self.norm = site.norm()
+
+    @staticmethod
+    def init_state(h: Tensor) -> HybridDual:
+        return HybridDual(hybrid=h, delta=h)
+
+    def prepare(self, state: HybridDual) -> tuple[Tensor, HybridDual]:
+        if self.is_attn:
+            return self.cond_norm(state.hybrid), state
+        u = self.norm(state.hybrid)
+        return self.cond_norm(u), HybridDual(hybrid=u, delta=state.delta)
+
+    def update(self, state: HybridDual, out: Tensor) -> HybridDual:
+        return HybridDual(hybrid=state.hybrid + out, delta=state.delta + out)
+
+
 @register(NormScheme.SIAMESE)
 class SiameseNorm(Scheme):
     """SiameseNorm, official DeiT/DiT form (diagram in the module docstring).
@@ -64,7 +97,7 @@ class SiameseNorm(Scheme):
     def __init__(self, site: Site) -> None:
         super().__init__(site)
         opts = site.options
-        self.c = math.sqrt(2 * (site.block + 1)) if opts.depth_scaling else 1.0
+        self.c = site.depth_scale if opts.depth_scaling else 1.0
         self.norm_x = site.norm()
         self.norm_y = site.norm()
         self.norm_in = site.branch_norm() if opts.input_norm else site.cond_norm()

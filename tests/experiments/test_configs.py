@@ -19,7 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK_CONFIGS = sorted(
     str(p.relative_to(ROOT)) for p in ROOT.glob("configs/*/*.yaml") if p.parent.name in ("lm", "vit", "dit")
 )
-OVERLAYS = {"configs/lm/moe-tiny.yaml": "configs/lm/tiny.yaml"}  # overlays stack on a base config
+# Overlays stack on a base config: the MoE switch and the tiny depth family sit on the tiny LM.
+OVERLAYS = {
+    "configs/lm/moe-tiny.yaml": "configs/lm/tiny.yaml",
+    **{str(p.relative_to(ROOT)): "configs/lm/tiny.yaml" for p in ROOT.glob("configs/lm/tiny-depth-*.yaml")},
+}
+# Named variants of a scheme (Table 3 ablation rows): configs/norm/<scheme>-<variant>.yaml.
+VARIANTS = sorted(p.stem for p in ROOT.glob("configs/norm/*-*.yaml"))
 
 
 class ParseOnlyCLI(SuiteCLI):
@@ -91,7 +97,30 @@ def test_paper_configs_build_paper_sizes(path: str, low: float, high: float):
 
 
 def test_norm_overlays_cover_every_scheme():
-    assert {p.stem for p in (ROOT / "configs/norm").glob("*.yaml")} == {s.value for s in NormScheme}
+    stems = {p.stem for p in (ROOT / "configs/norm").glob("*.yaml")}
+    assert {s.value for s in NormScheme} <= stems
+    assert stems - {s.value for s in NormScheme} == set(VARIANTS)  # anything else is a named variant
+
+
+@pytest.mark.parametrize("task_config", TASK_CONFIGS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variant_overlays_set_their_scheme_and_switches_only(variant: str, task_config: str):
+    scheme = variant.split("-", 1)[0]
+    config = parse(*configs_for(task_config), f"configs/norm/{variant}.yaml")
+    trunk = TrunkConfig(**config.model.init_args.trunk)
+    base = TrunkConfig(**parse(*configs_for(task_config)).model.init_args.trunk).to_dict()
+    changed = {k for k, v in trunk.to_dict().items() if base[k] != v}
+    assert trunk.norm_scheme == scheme
+    assert changed - {"norm_scheme"}, f"{variant} changes nothing beyond the scheme"
+    assert changed <= {"norm_scheme", "siamese_input_norm", "siamese_depth_scaling", "hybrid_depth_scaling"}
+
+
+@pytest.mark.parametrize("shape", sorted(p.stem for p in ROOT.glob("configs/lm/tiny-depth-*.yaml")))
+def test_tiny_depth_family_keeps_the_parameter_count(shape: str):
+    """Four depth/width shapes at about the tiny LM's parameter count (within 5 %)."""
+    tiny = count_params(_network(parse("configs/lm/tiny.yaml")))
+    n = count_params(_network(parse("configs/lm/tiny.yaml", f"configs/lm/{shape}.yaml")))
+    assert abs(n / tiny - 1) < 0.05, f"{shape}: {n:,} vs tiny {tiny:,}"
 
 
 @pytest.mark.parametrize("overlay", sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("configs/trainer/*.yaml")))

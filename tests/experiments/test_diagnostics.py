@@ -19,7 +19,12 @@ from models import DiT, LanguageModel, TrunkConfig, ViTClassifier
 from models.schemes import NormScheme
 
 DEPTH = 2
-STREAMS = {"siamese": ("post", "pre"), "siamese_hybrid": ("post", "pre"), "resi_dual": ("post", "delta")}
+STREAMS = {
+    "siamese": ("post", "pre"),
+    "siamese_hybrid": ("post", "pre"),
+    "resi_dual": ("post", "delta"),
+    "resi_dual_hybrid": ("hybrid", "delta"),
+}
 STREAMS["hyper"] = ("h0", "h1")
 
 

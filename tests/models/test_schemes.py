@@ -165,11 +165,12 @@ def ref_mixln(r: Ref, h: Tensor) -> Tensor:
 def ref_hybrid(r: Ref, h: Tensor) -> Tensor:
     x = h
     for b, _, kind, site in r.sites():
+        c = math.sqrt(2 * (b + 1)) if r.cfg.hybrid_depth_scaling else 1.0
         if kind == "attn":
-            x = x + r.F(b, kind, r.added(x))  # x = x + Attn(x), QKV-norm lives inside Attn
+            x = x + r.F(b, kind, r.added(x)) / c  # x = x + Attn(x) / c, QKV-norm lives inside Attn
         else:
-            u = r.N(site.norm, x)  # u = N(x); x = u + F(u)
-            x = u + r.F(b, kind, r.added(u))
+            u = r.N(site.norm, x)  # u = N(x); x = u + F(u) / c
+            x = u + r.F(b, kind, r.added(u)) / c
     return r.own(r.trunk.readout.norm_f, x)
 
 
@@ -180,6 +181,21 @@ def ref_resi_dual(r: Ref, h: Tensor) -> Tensor:
         x = r.N(site.norm, x + o)
         d = d + o
     return r.added(x + r.N(r.trunk.readout.norm_d, d))  # x + N_d(d)
+
+
+def ref_resi_dual_hybrid(r: Ref, h: Tensor) -> Tensor:
+    x = d = h  # both streams from the embedding
+    for b, _, kind, site in r.sites():
+        if kind == "attn":
+            o = r.F(b, kind, r.added(x))  # o = Attn(x), QKV-norm inside; x = x + o
+            x = x + o
+        else:
+            u = r.N(site.norm, x)  # u = N(x); o = F(u); x = u + o
+            o = r.F(b, kind, r.added(u))
+            x = u + o
+        d = d + o
+    ro = r.trunk.readout
+    return r.added(r.N(ro.norm_x, x) + r.N(ro.norm_d, d))  # N_x(x) + N_d(d)
 
 
 def ref_hyper(r: Ref, h: Tensor) -> Tensor:
@@ -230,6 +246,7 @@ REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
     NormScheme.MIXLN: ref_mixln,
     NormScheme.HYBRID: ref_hybrid,
     NormScheme.RESI_DUAL: ref_resi_dual,
+    NormScheme.RESI_DUAL_HYBRID: ref_resi_dual_hybrid,
     NormScheme.HYPER: ref_hyper,
     NormScheme.SIAMESE: ref_siamese,
     NormScheme.SIAMESE_HYBRID: ref_siamese_hybrid,
@@ -279,6 +296,24 @@ def test_conditioned_trunk_matches_reference(scheme, norm_layer):
 def test_siamese_ablations_match_reference(scheme, input_norm, depth_scaling, conditioned):
     trunk = build(scheme, conditioned=conditioned, siamese_input_norm=input_norm, siamese_depth_scaling=depth_scaling)
     check_against_reference(trunk, conditioned)
+
+
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])
+@pytest.mark.parametrize("norm_layer", NORM_LAYERS)
+def test_hybrid_depth_scaling_matches_reference(norm_layer, conditioned):
+    """HybridNorm with SiameseNorm's depth scaling on its single stream (paper Table 3), both sublayers."""
+    check_against_reference(build(NormScheme.HYBRID, norm_layer, conditioned, hybrid_depth_scaling=True), conditioned)
+
+
+def test_hybrid_depth_scaling_divides_each_update_by_c():
+    """Same weights: with every branch output zeroed but one, the switch divides that update by c."""
+    base, scaled = build(NormScheme.HYBRID, depth=2), build(NormScheme.HYBRID, depth=2, hybrid_depth_scaling=True)
+    scaled.load_state_dict(base.state_dict())
+    h = torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    site = base.blocks[1].attn_res, scaled.blocks[1].attn_res
+    out = torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    assert site[0].c == 1.0 and site[1].c == pytest.approx(2.0)  # c = sqrt(2 (b + 1)) for block 1
+    torch.testing.assert_close(site[1].update(h, out), h + out / 2.0)
 
 
 @pytest.mark.parametrize("scheme", [NormScheme.SIAMESE, NormScheme.SIAMESE_HYBRID])
@@ -364,7 +399,10 @@ def test_init_values(scheme):
             assert torch.equal(p, torch.ones_like(p)), name
 
 
-@pytest.mark.parametrize("scheme", [NormScheme.HYBRID, NormScheme.SIAMESE_HYBRID])
+QKV_NORM_SCHEMES = [NormScheme.HYBRID, NormScheme.RESI_DUAL_HYBRID, NormScheme.SIAMESE_HYBRID]
+
+
+@pytest.mark.parametrize("scheme", QKV_NORM_SCHEMES)
 def test_hybrid_attention_normalizes_q_k_v_per_head(scheme):
     trunk = build(scheme, bias=True)
     attn = trunk.blocks[1].attn
@@ -393,7 +431,7 @@ def test_hybrid_attention_normalizes_q_k_v_per_head(scheme):
     assert attn.v_norm.weight.shape == (D // HEADS,)  # per head, not over D
 
 
-@pytest.mark.parametrize("scheme", sorted(set(NormScheme) - {NormScheme.HYBRID, NormScheme.SIAMESE_HYBRID}))
+@pytest.mark.parametrize("scheme", sorted(set(NormScheme) - set(QKV_NORM_SCHEMES)))
 def test_other_schemes_do_not_normalize_v(scheme):
     trunk = Trunk(TrunkConfig(dim=D, depth=L, num_heads=HEADS, norm_scheme=scheme))
     assert not get_scheme(scheme).qkv_norm
