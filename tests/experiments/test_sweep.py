@@ -228,12 +228,16 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
     assert json.loads((second / "summary.json").read_text())["status"] == "finished"
 
 
-@pytest.mark.parametrize("name", ["stability", "warmup"])
+BUDGETS = {"stability": (54, 200), "warmup": (6, 300), "ablation": (21, 150), "depth": (24, 150)}  # runs, steps
+
+
+@pytest.mark.parametrize("name", sorted(BUDGETS))
 def test_shipped_sweeps_parse_with_diagnostics_enabled(name: str, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     spec = sweep.SweepSpec.load(f"configs/sweeps/{name}.yaml")
     runs = sweep.grid(spec)
-    assert len(runs) == {"stability": 18, "warmup": 6}[name]
+    n_runs, steps = BUDGETS[name]
+    assert len(runs) == n_runs
     argv = runs[-1].argv(spec)[3:]  # drop "python -m experiments"
     with pytest.raises(SystemExit) as exc:
         cli_main([*argv, "--print_config"])
@@ -242,7 +246,9 @@ def test_shipped_sweeps_parse_with_diagnostics_enabled(name: str, monkeypatch, c
     callbacks = {c["class_path"]: c.get("init_args", {}) for c in config["trainer"]["callbacks"]}
     assert callbacks["experiments.monitoring.diagnostics.Diagnostics"]["every_n_steps"] == 25
     assert "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks  # appended, not replaced
-    assert config["model"]["init_args"]["optim"]["lr"] == runs[-1].lr and config["trainer"]["max_steps"] == 300
+    assert config["model"]["init_args"]["optim"]["lr"] == runs[-1].lr and config["trainer"]["max_steps"] == steps
+    if runs[-1].seed is not None:  # a seed is a replicate: model init and data order
+        assert config["seed_everything"] == config["data"]["init_args"]["seed"] == runs[-1].seed
 
 
 def test_a_finished_run_stopped_during_its_test_is_only_tested(tmp_path: Path, monkeypatch, capsys):
@@ -287,3 +293,17 @@ def test_a_stopping_sweep_starts_no_process(tmp_path: Path):
     marker.unlink()
     assert children.stop(signal.SIGTERM) == 0  # nothing was running
     assert children.call([sys.executable, "-c", f"open({str(marker)!r}, 'w')"]) is None and not marker.exists()
+
+
+def test_the_demo_budget_fits_five_minutes(monkeypatch):
+    """make demo: pre, post and siamese at once, 200 steps each (about 5 minutes on 2 cores, measured in
+    README); the 3-seed check runs the very same runs, and the old 400-step comparison keeps its spec."""
+    monkeypatch.chdir(ROOT)
+    demo = sweep.SweepSpec.load("configs/sweeps/demo.yaml")
+    assert demo.schemes == ["pre", "post", "siamese"] and demo.parallel == len(sweep.grid(demo)) == 3
+    assert "--trainer.max_steps=200" in demo.args and demo.test
+    seeds = sweep.SweepSpec.load("configs/sweeps/demo-seeds.yaml")
+    assert len(seeds.seeds) == 3 and (seeds.schemes, seeds.lrs, seeds.args) == (demo.schemes, demo.lrs, demo.args)
+    assert set(demo.seeds) <= set(seeds.seeds)
+    old = sweep.SweepSpec.load("configs/sweeps/lm-tiny.yaml")
+    assert old.args == [] and len(sweep.grid(old)) == 3  # tiny.yaml's own 400 steps
