@@ -86,8 +86,15 @@ class RunSummary(Callback):
         path = self._path(trainer)
         if path is None:
             return
+        if trainer.global_rank != 0:
+            return
         payload = json.loads(path.read_text()) if path.exists() else {}
         payload["test"] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+        # How the test metrics were measured (sample counts, samplers, references, task lists ...), when the
+        # task records it: a comparison must not rank numbers measured under different protocols.
+        protocol = getattr(pl_module, "test_protocol", None)
+        if isinstance(protocol, dict) and protocol:
+            payload["test_protocol"] = protocol
         atomic_write_json(path, payload)
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, error: str | None = None) -> None:
