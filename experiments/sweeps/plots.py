@@ -136,7 +136,8 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
             if col in (1, 3):
                 ax.set_xlim(ZOOM_FROM * last, last * 1.02)
             _ylim(ax, ranges[col], pad=0.15 if col in (1, 3) else 0.05)
-        panels[0].legend(fontsize=7)
+        if panels[0].get_legend_handles_labels()[0]:
+            panels[0].legend(fontsize=7)
     handles = [
         Patch(color="#888888", alpha=0.3, label=f"band: {CI_NAME} of the mean over seeds"),
         Line2D([], [], color="#888888", ls="--", marker="x", label="a run that did not finish (x: diverged)"),

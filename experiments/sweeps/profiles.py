@@ -120,7 +120,8 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
             ax.set_ylabel("RMS" if ax is ax_rms else "gradient norm")
             ax.set_title(title + where, fontsize=10)
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7, ncol=2)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, ncol=2)
     fig.suptitle("depth profiles at the last logged step: mean over seeds, band: their range", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
