@@ -147,8 +147,11 @@ class Tables:
 
 
 def cells_table(markdown: str) -> list[list[str]]:
-    head = markdown.split("\n\n", 2)[1]  # the first table, after its heading
-    return [[c.strip() for c in line.strip("|").split("|")] for line in head.splitlines()]
+    """The first markdown table of ``markdown`` (the cells), as lists of cell texts."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[start:end]]
 
 
 def test_cells_show_mean_ci_n_and_the_paired_difference_with_scipys_values(tmp_path: Path):
@@ -285,3 +288,28 @@ def test_every_scheme_has_its_own_colour_in_every_plot():
     assert shipped <= set(known)  # every shipped scheme and variant is listed
     colours = palette.scheme_colours(["pre", "new-a", "new-b"])
     assert len(set(colours.values())) == 3 and colours["pre"] == known["pre"]
+
+
+@pytest.mark.slow
+def test_a_real_seeded_sweep_produces_the_cells_table(tmp_path: Path, monkeypatch, capsys):
+    """Two schemes x two seeds through the real sweep runner and ``fit``: the table pairs them by seed."""
+    from experiments.sweeps import sweep
+    from tests.experiments.tiny import tiny_lm
+
+    monkeypatch.chdir(ROOT)
+    spec = {"name": "seeded", "configs": [str(ROOT / "configs/lm/tiny.yaml")], "schemes": ["pre", "siamese"],
+            "seeds": [1, 2], "baseline": "pre", "parallel": 2, "runs_root": str(tmp_path / "runs"),
+            "args": [*tiny_lm(), f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=80",
+                     "--trainer.val_check_interval=80", "--model.init_args.optim.lr=0.01",
+                     "--divergence.max_loss=50"]}  # fmt: skip  # 80 steps: below the stall line
+    (tmp_path / "seeded.yaml").write_text(yaml.safe_dump(spec))
+    sweep.main(["sweep", str(tmp_path / "seeded.yaml")])
+    out = capsys.readouterr().out
+    assert "## seeded: val/loss per cell, over seeds" in out  # printed at the end
+    sweep_dir = tmp_path / "runs/lm/seeded"
+    rows = cells_table((sweep_dir / "comparison.md").read_text())
+    assert rows[0][:3] == ["scheme", "val/loss", "Δ val/loss vs pre"]
+    assert rows[2][0] == "pre" and rows[2][1].endswith("(n = 2)") and rows[2][2] == "(baseline)"
+    assert rows[3][0] == "siamese" and rows[3][2].endswith("(n = 2)") and rows[3][4] == "0.5"  # 2 pairs: floor 0.5
+    assert {"pre-s1", "siamese-s2"} <= {line[0] for line in csv.reader((sweep_dir / "comparison.csv").open())}
+    assert (sweep_dir / "curves.png").stat().st_size > 1000
