@@ -103,8 +103,10 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
                     continue
                 steps, mean, low, high = curve
                 n = len(ran)
-                label = f"{cell.scheme} (n = {n})" if col == 0 else None
-                panels[col].plot(steps, mean, color=colour, lw=1.6, marker="o" if val else None, ms=3, label=label)
+                panels[col].plot(steps, mean, color=colour, lw=1.6, marker="o" if val else None, ms=3)
+                if col == 1 and n < len(cell.runs):  # fewer seeds than the others: say so at the line's end
+                    panels[col].annotate(f"n = {n}", (steps[-1], mean[-1]), xytext=(4, 0), textcoords="offset points",
+                                         fontsize=7, color=colour, va="center")  # fmt: skip
                 if n > 1:
                     panels[col].fill_between(steps, low, high, color=colour, alpha=0.18, lw=0)
                 stalled = all(r["status"] == "stalled" for r in cell.runs if r["status"] in RAN)
@@ -124,27 +126,28 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
                         panels[col].plot(xs, ys, color=colour, lw=0.8, ls="--")
                         if r["status"] == "diverged":
                             panels[col].plot(xs[-1:], ys[-1:], color=colour, marker="x", ms=8, mew=2)
-        where = f" ({facet})" if facet else ""
-        zoom = f"last {1 - ZOOM_FROM:.0%} of steps (zoom"
-        titles = ("validation loss", f"validation loss, {zoom})", "training loss",
-                  f"training loss, {zoom}, mean of {TRAIN_SMOOTHING} logged points)")  # fmt: skip
+        where = f"{facet}: " if facet else ""
+        zoom = f"zoom (last {(1 - ZOOM_FROM) * 100:.0f} %"
+        titles = ("validation loss", f"validation loss, {zoom} of steps)", "training loss",
+                  f"training loss, {zoom}, {TRAIN_SMOOTHING}-point mean)")  # fmt: skip
         for col, ax in enumerate(panels):
-            ax.set_title(titles[col] + where, fontsize=9)
+            ax.set_title(where + titles[col], fontsize=9)
             ax.set_xlabel("step")
             ax.set_ylabel("val/loss" if col < 2 else "train/loss")
             ax.grid(alpha=0.3)
             if col in (1, 3):
                 ax.set_xlim(ZOOM_FROM * last, last * 1.02)
             _ylim(ax, ranges[col], pad=0.15 if col in (1, 3) else 0.05)
-        if panels[0].get_legend_handles_labels()[0]:
-            panels[0].legend(fontsize=7)
-    handles = [
+    handles = [Line2D([], [], color=c, lw=2, label=name) for name, c in colours.items()]
+    handles += [
         Patch(color="#888888", alpha=0.3, label=f"band: {CI_NAME} of the mean over seeds"),
         Line2D([], [], color="#888888", ls="--", marker="x", label="a run that did not finish (x: diverged)"),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    height = fig.get_figheight()
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
+    fig.suptitle(title + f"\nmean over seeds per cell; band: {CI_NAME}", fontsize=11)
+    rows_of_legend = math.ceil(len(handles) / 5)
+    fig.tight_layout(rect=(0, (0.25 + 0.22 * rows_of_legend) / height, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -175,6 +178,8 @@ def plot_stability(cells: list[Cell], path: Path, metric: str) -> bool:
         text = fmt_estimate(stats.value) if stats.value else (f"stalled\n{fmt_estimate(stats.stalled)}"
                                                               if stats.stalled else "-")  # fmt: skip
         failed = {k: v for k, v in stats.cell.counts().items() if k != "finished"}
+        if stats.value is None and stats.stalled is not None:
+            failed.pop("stalled", None)  # the text says so already
         if failed:
             text += "\n" + ", ".join(f"{v} {k}" for k, v in failed.items())
         spikes = sum(r.get("spikes") or 0 for r in stats.cell.runs)

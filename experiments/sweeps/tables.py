@@ -167,11 +167,18 @@ def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None) -> str:
                 continue
             text = _value_text(s)
             failed = {k: v for k, v in s.cell.counts().items() if k != "finished"}
+            if s.value is None and s.stalled is not None:
+                failed.pop("stalled", None)  # the text says so already
             if failed:
                 text += "; " + ", ".join(f"{v} {k}" for k, v in failed.items())
             if baseline and not s.is_baseline and s.versus is not None:
-                diff, p_t, p_flip = _versus_text(s, baseline)
-                text += f"<br>Δ {diff}, p {p_t} (t) / {p_flip} (sign-flip)"
+                v = s.versus
+                n = "" if s.value is not None and v.n == s.value.n else f", {v.n} pairs"
+                if v.n < 2:  # one pair: a difference, no test
+                    text += f"<br>Δ {fmt_estimate(v.difference, signed=True)}"
+                else:
+                    diff = fmt_estimate(v.difference, signed=True).rsplit(" (n = ", 1)[0]
+                    text += f"<br>Δ {diff}{n}, p = {fmt_p(v.p_t)} (t), {fmt_p(v.p_sign_flip)} (sign-flip)"
             texts.append(text)
         lines.append(_row([*row, *texts]))
     return "\n".join(lines) + "\n"
