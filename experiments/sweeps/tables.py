@@ -253,15 +253,17 @@ def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
 
 
 def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
-    """Per cell and metric (the sweep's, then every test metric): n, mean, std, CI, and the paired
-    difference to the baseline with its CI and both p-values; plus the run counts per status."""
+    """Per cell and metric (the sweep's, then every test metric): the markdown's ``mean ± CI (n)`` and
+    ``Δ`` texts, then n, mean, std, CI, and the paired difference to the baseline with its CI and both
+    p-values; plus the run counts per status."""
     axes = [a for a in AXES if any(a in c.coords for c in cells)]
     axes += list(dict.fromkeys(k for c in cells for k in c.coords if k not in axes))
     metrics = {PRIMARY: metric, **{m: m for m in tested_metrics(table)}}
     fields = ["n", "mean", "std", "ci_low", "ci_high"]
     paired_fields = ["diff_n", "diff_mean", "diff_ci_low", "diff_ci_high", "p_paired_t", "p_sign_flip"]
     header = [*axes, *STATUS_ORDER]
-    for name in metrics.values():
+    for name in metrics.values():  # the table's text first (``mean ± CI (n)``), then the numbers
+        header += [name] + (["Δ " + name] if baseline else [])
         header += [f"{name} {f}" for f in fields + (paired_fields if baseline else [])]
     stats = {key: cell_stats(cells, key, baseline) for key in metrics}
     out = io.StringIO()
@@ -273,6 +275,9 @@ def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[
         for key in metrics:
             s = stats[key][i]
             e = s.value
+            row.append("mixed protocols" if s.mixed_protocols else _value_text(s))
+            if baseline:
+                row.append(_versus_text(s, baseline)[0])
             row += [e.n, e.mean, e.std, e.low, e.high] if e else [0, "", "", "", ""]
             if baseline:
                 v = s.versus

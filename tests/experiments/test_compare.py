@@ -171,6 +171,7 @@ def test_cells_show_mean_ci_n_and_the_paired_difference_with_scipys_values(tmp_p
     assert float(cells[1]["val/loss p_paired_t"]) == pytest.approx(ref.pvalue, rel=1e-12)
     assert float(cells[1]["val/loss diff_ci_low"]) == pytest.approx(diff.low, rel=1e-12)
     assert cells[1]["finished"] == "3" and cells[1]["val/loss n"] == "3"
+    assert cells[1]["val/loss"] == rows[3][1] and cells[1]["Δ val/loss"] == rows[3][2]  # the markdown's text
 
 
 def test_cells_come_from_the_grid_not_the_summarys_scheme(tmp_path: Path):
@@ -313,3 +314,9 @@ def test_a_real_seeded_sweep_produces_the_cells_table(tmp_path: Path, monkeypatc
     assert rows[3][0] == "siamese" and rows[3][2].endswith("(n = 2)") and rows[3][4] == "0.5"  # 2 pairs: floor 0.5
     assert {"pre-s1", "siamese-s2"} <= {line[0] for line in csv.reader((sweep_dir / "comparison.csv").open())}
     assert (sweep_dir / "curves.png").stat().st_size > 1000
+
+
+def test_identical_runs_compare_as_no_difference_with_p_1(tmp_path: Path):
+    write_sweep(tmp_path, seeded("pre", PRE) + seeded("siamese", PRE))  # the same numbers, seed by seed
+    row = cells_table(Tables(tmp_path).markdown)[3]
+    assert row[:5] == ["siamese", "1.532 ± 0.070 (n = 3)", "+0 ± 0 (n = 3)", "1", "1"]
