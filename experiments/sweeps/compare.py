@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +227,10 @@ def main(argv: list[str] | None = None) -> None:
         check_target(args.export, args.sweep_dir, args.overwrite)
     for kind, p in write_comparison(args.sweep_dir).items():
         print(f"{kind:>14}: {p}")
+    statuses = Counter(r["status"] for r in load_comparison(args.sweep_dir).table)
+    print(f"{'runs':>14}: " + ", ".join(f"{n} {status}" for status, n in statuses.items()))
+    if statuses.get("running") or statuses.get("missing"):
+        print(f"{'note':>14}: some runs have not finished; compare (and export) again when the sweep is done")
     if args.export is not None:
         from experiments.sweeps.export import export
 

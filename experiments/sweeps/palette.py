@@ -20,11 +20,11 @@ SCHEME_COLOURS: dict[str, str] = {
     "hybrid": "#e69f00",  # orange
     "siamese_hybrid": "#000000",  # black
     "peri": "#56b4e9",  # sky blue
-    "mixln": "#8c564b",  # brown
+    "mixln": "#c5b0d5",  # lilac
     "resi_dual": "#7f7f7f",  # grey
     "hyper": "#bcbd22",  # olive
     "resi_dual_hybrid": "#9467bd",  # purple
-    "hybrid-depth-scaling": "#f0c419",  # yellow
+    "hybrid-depth-scaling": "#8c510a",  # dark brown: next to hybrid's orange in the ablation
     "siamese_hybrid-no-input-norm": "#17becf",  # cyan
     "siamese_hybrid-no-depth-scaling": "#e377c2",  # pink
 }

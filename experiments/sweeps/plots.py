@@ -141,7 +141,7 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
     handles = [Line2D([], [], color=c, lw=2, label=name) for name, c in colours.items()]
     handles += [
         Patch(color="#888888", alpha=0.3, label=f"band: {CI_NAME} of the mean over seeds"),
-        Line2D([], [], color="#888888", ls="--", marker="x", label="a run that did not finish (x: diverged)"),
+        Line2D([], [], color="#888888", ls="--", marker="x", label="unfinished run (running, crashed; x: diverged)"),
     ]
     height = fig.get_figheight()
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
