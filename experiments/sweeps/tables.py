@@ -178,7 +178,9 @@ def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None) -> str:
                     text += f"<br>Δ {fmt_estimate(v.difference, signed=True)}"
                 else:
                     diff = fmt_estimate(v.difference, signed=True).rsplit(" (n = ", 1)[0]
-                    text += f"<br>Δ {diff}{n}, p = {fmt_p(v.p_t)} (t), {fmt_p(v.p_sign_flip)} (sign-flip)"
+                    p_t = fmt_p(v.p_t)
+                    p_t = p_t if p_t.startswith("<") else f"= {p_t}"
+                    text += f"<br>Δ {diff}{n}, p {p_t} (t), {fmt_p(v.p_sign_flip)} (sign-flip)"
             texts.append(text)
         lines.append(_row([*row, *texts]))
     return "\n".join(lines) + "\n"
