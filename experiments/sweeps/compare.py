@@ -1,6 +1,12 @@
-"""Turn run summaries into a comparison: a markdown + CSV table, PNG plots and a TensorBoard layout.
+"""Turn run summaries into a comparison: markdown + CSV tables, PNG plots and a TensorBoard layout.
 
-python -m experiments compare runs/lm/demo          # rebuild the comparison of a sweep directory
+    python -m experiments compare runs/lm/stability                              # rebuild the comparison
+    python -m experiments compare runs/lm/stability --export docs/results/stability   # and copy it into the repo
+
+The headline table has one row per cell of the grid (scheme x overlay x lr x warmup): the sweep's metric
+as ``mean ± 95 % CI (n)`` over seeds, the paired difference to the spec's ``baseline`` scheme with its
+t-test and sign-flip p-values, and every run counted by status; the per-run table follows it
+(:mod:`experiments.sweeps.tables`, :mod:`experiments.sweeps.stats`).
 
 A run's status is its summary's (finished, diverged, interrupted, crashed), except that a finished run
 whose validation loss stays above ``STALL_RATIO`` x the data's baseline loss (for the LM: the unigram
@@ -11,36 +17,46 @@ at small scale rather than blowing up.
 
 from __future__ import annotations
 
-import csv
+import argparse
 import json
-import math
-import sys
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-import matplotlib.ticker
+import yaml
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import yaml  # noqa: E402
+from experiments.reliability.errors import SuiteError
+from experiments.sweeps import plots, tables
+from experiments.sweeps.cells import PRIMARY, Cell, assign_protocols, cell_key, group, run_coordinates
+from experiments.sweeps.profiles import plot_depth_profiles
+from experiments.sweeps.tables import STALL_RATIO
+from experiments.sweeps.tb_layout import write_layout
 
-from experiments.sweeps.profiles import plot_depth_profiles  # noqa: E402
-from experiments.sweeps.tb_layout import write_layout  # noqa: E402
-
-SWEEP_RECORD = "sweep.yaml"  # written by the sweep into its directory: its spec and run order
-STALL_RATIO = 0.9  # stalled: final val loss > 90 % of the context-free baseline
-COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", "metric", "diverged", "spikes",
-           "wall_s", "params"]  # fmt: skip
+SWEEP_RECORD = "sweep.yaml"  # written by the sweep into its directory: its spec, run order and grid
+CELLS_CSV = "comparison_cells.csv"
+__all__ = ["STALL_RATIO", "SWEEP_RECORD", "Comparison", "load_comparison", "write_comparison"]
 
 
 def sweep_record(sweep_dir: Path) -> dict:
-    """The spec the sweep ran with (``sweep.yaml``: runs in order, metric, ...); {} if absent."""
+    """The spec the sweep ran with (``sweep.yaml``: runs in order, metric, baseline, grid ...); {} if absent."""
     path = sweep_dir / SWEEP_RECORD
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        record = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        first = str(err).splitlines()[0]
+        raise SuiteError(f"{path} is not valid YAML ({first}); valid: the sweep.yaml a sweep writes") from None
+    if not isinstance(record, dict):
+        raise SuiteError(f"{path} holds {type(record).__name__}, not a mapping; valid: the sweep.yaml a sweep writes")
+    return record
 
 
 def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str, dict]:
-    """``{run name: summary}`` for the given runs (default: the sweep's, in its order; else every run found)."""
+    """``{run name: summary}`` for the given runs (default: the sweep's, in its order; else every run found).
+
+    A run without a readable ``summary.json`` is listed as ``missing`` (none yet) or ``crashed`` (unreadable).
+    """
     if names is None:
         names = sweep_record(sweep_dir).get("runs")
     if names is None:
@@ -48,7 +64,10 @@ def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str,
     out = {}
     for name in names:
         path = sweep_dir / name / "summary.json"
-        out[name] = json.loads(path.read_text()) if path.exists() else {"status": "missing"}
+        try:
+            out[name] = json.loads(path.read_text()) if path.exists() else {"status": "missing"}
+        except (json.JSONDecodeError, OSError, UnicodeDecodeError):  # half-written by a hard kill
+            out[name] = {"status": "crashed", "error": f"unreadable {path}"}
     return out
 
 
@@ -70,205 +89,154 @@ def status_of(summary: dict, baseline: float | None) -> str:
     return status
 
 
-def rows(summaries: dict[str, dict], metric: str) -> list[dict]:
+def rows(summaries: dict[str, dict], metric: str, coordinates: dict[str, dict] | None = None) -> list[dict]:
+    """One row per run: its grid coordinates (``coordinates``, default: from the summaries), status,
+    losses, the sweep's ``metric`` (key ``metric``), test metrics and test protocol."""
+    coordinates = coordinates or run_coordinates({}, summaries)
     table, baseline = [], sweep_baseline(summaries)
     for name, s in summaries.items():
         val = s.get("final_val") or {}
+        coords = coordinates.get(name) or run_coordinates({}, {name: s})[name]
         diverged = s.get("status") == "diverged"
         table.append(
             {
                 "run": name,
-                "scheme": s.get("scheme", "?"),
-                "lr": s.get("lr"),
+                **{k: v for k, v in coords.items()},
+                "scheme": coords.get("scheme", s.get("scheme", "?")),  # the grid's: a named variant stays named
+                "lr": coords.get("lr", s.get("lr")),
+                "cell": cell_key({k: v for k, v in coords.items()}),
                 "status": status_of(s, baseline),
                 "steps": s.get("steps"),
                 "train_loss": s.get("final_train_loss"),
                 "val_loss": val.get("val/loss"),
-                "metric": val.get(metric),
-                "diverged": f"yes (step {s.get('diverged_at')})" if diverged else "no",
-                "spikes": s.get("spikes", 0),
+                PRIMARY: val.get(metric),
+                "diverged": f"yes (step {s.get('diverged_at')})" if diverged else "no" if "steps" in s else None,
+                "spikes": s.get("spikes", 0) if "steps" in s else None,
                 "wall_s": s.get("wall_time_s"),
                 "params": s.get("params"),
-                **(s.get("test") or {}),  # test/<metric> of runs that were tested (sweep `test: true`)
+                "protocol": s.get("test_protocol") if isinstance(s.get("test_protocol"), dict) else None,
+                **{k: v for k, v in (s.get("test") or {}).items() if k.startswith("test/")},
             }
         )
     return table
 
 
-def columns(table: list[dict]) -> list[str]:
-    """The fixed columns, then every test metric some run has, in first-seen order."""
-    tested = dict.fromkeys(key for r in table for key in r if key.startswith("test/"))
-    return COLUMNS + list(tested)
+@dataclass
+class Comparison:
+    """A sweep's runs, their cells and everything the tables and plots are drawn from."""
+
+    record: dict
+    metric: str
+    baseline: str | None  # the scheme every cell is paired with (the spec's ``baseline``)
+    summaries: dict[str, dict]
+    table: list[dict]
+    cells: list[Cell]
+    protocol_notes: list[str]
+
+    @property
+    def baseline_loss(self) -> float | None:
+        return sweep_baseline(self.summaries)
+
+    @property
+    def seeds(self) -> list:
+        return list(dict.fromkeys(r.get("seed") for r in self.table if r.get("seed") is not None))
+
+    def notes(self) -> str:
+        return tables.notes(self.cells, self.baseline_loss, self.protocol_notes, self.baseline)
+
+    def block(self, kind: str) -> str:
+        """A README block: ``table`` (cells), ``pivot`` (scheme x axis), ``runs`` (per run) or ``notes``."""
+        if kind == "table":
+            return tables.cells_markdown(self.cells, self.metric, self.baseline, self.table) + "\n" + self.notes()
+        if kind == "pivot":
+            return tables.pivot_markdown(self.cells, self.metric, self.baseline) + "\n" + self.notes()
+        if kind == "runs":
+            return tables.runs_markdown(self.table, self.metric)
+        if kind == "notes":
+            return self.notes()
+        raise SuiteError(f"unknown results block {kind!r}; valid: table, pivot, runs, notes")
+
+    def markdown(self) -> str:
+        """``comparison.md``: the cells table with its notes, then the per-run table."""
+        name = self.record.get("name") or "sweep"
+        return (f"## {name}: {self.metric} per cell, over seeds\n\n{self.block('table')}\n"
+                f"## {name}: every run\n\n{self.block('runs')}")  # fmt: skip
 
 
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}" if math.isfinite(value) else str(value)
-    if isinstance(value, int) and value > 10000:
-        return f"{value:,}"
-    return str(value)
-
-
-def to_markdown(table: list[dict], metric: str, baseline: float | None = None) -> str:
-    names = columns(table)
-    header = [c if c != "metric" else metric for c in names]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in names) + " |" for r in table]
-    if baseline is not None:
-        lines += ["", f"Context-free baseline loss of the data: {baseline:.4f}. stalled = finished with val_loss above "
-                  f"{STALL_RATIO:g} x baseline = {STALL_RATIO * baseline:.4f}."]  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def plot_curves(summaries: dict[str, dict], path: Path, metric: str) -> None:
-    """Validation loss (left) and training loss (right) against steps, one line per run."""
-    fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, s in summaries.items():
-        val = [(step, m.get("val/loss")) for step, m in s.get("val_curve", []) if m.get("val/loss") is not None]
-        if val:
-            ax_val.plot(*zip(*val, strict=True), marker="o", ms=3, label=name)
-        train = s.get("train_curve", [])
-        if train:
-            ax_train.plot(*zip(*train, strict=True), lw=1, label=name)
-    for ax, title in ((ax_val, "validation loss"), (ax_train, "training loss")):
-        ax.set_xlabel("step")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_stability(table: list[dict], path: Path, metric: str) -> bool:
-    """Scheme x learning-rate map: final metric per cell, coloured ok / spikes / diverged / crashed."""
-    lrs = sorted({r["lr"] for r in table if r["lr"] is not None})
-    schemes = list(dict.fromkeys(r["scheme"] for r in table))
-    if len(lrs) < 2:
-        return False
-    colours = {"ok": "#9bd69b", "spikes": "#f5d76e", "stalled": "#f4a261", "diverged": "#e06666", "crashed": "#999999"}
-    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(lrs), 0.8 + 0.55 * len(schemes)))
-    for i, scheme in enumerate(schemes):
-        for j, lr in enumerate(lrs):
-            cell = [r for r in table if r["scheme"] == scheme and r["lr"] == lr]
-            if not cell:
-                continue
-            r = cell[0]
-            if r["status"] == "diverged":
-                state, text = "diverged", f"div @{r['diverged'].split()[-1].rstrip(')')}"
-            elif r["status"] == "stalled":
-                state, text = "stalled", f"stalled\n{_fmt(r['metric'])}"
-            elif r["status"] != "finished":
-                state, text = "crashed", r["status"]
-            else:
-                state = "spikes" if r["spikes"] else "ok"
-                text = _fmt(r["metric"]) + (f"\n{r['spikes']} spikes" if r["spikes"] else "")
-            ax.add_patch(plt.Rectangle((j, i), 1, 1, color=colours[state]))
-            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8)
-    ax.set_xlim(0, len(lrs))
-    ax.set_ylim(0, len(schemes))
-    ax.set_xticks([j + 0.5 for j in range(len(lrs))], [f"{lr:g}" for lr in lrs])
-    ax.set_yticks([i + 0.5 for i in range(len(schemes))], schemes)
-    ax.invert_yaxis()
-    ax.set_xlabel("peak learning rate")
-    ax.set_title(f"stability map: final {metric}\ngreen ok, yellow spikes, orange stalled, red diverged", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def plot_metric_vs_lr(table: list[dict], path: Path, metric: str) -> bool:
-    """Final metric against peak learning rate, one line per scheme; diverged runs are crosses.
-
-    Runs of one (scheme, lr) cell (seeds, warmups) are averaged over those that ran to the end. A diverged
-    run's cross sits at its last value clipped to just outside the finished runs' range (a blown-up
-    loss would otherwise flatten every line), or at the top edge when it never validated.
-    """
-    lrs = sorted({r["lr"] for r in table if r["lr"] is not None})
-    if len(lrs) < 2:
-        return False
-
-    def value(r: dict) -> float | None:
-        m = r["metric"]
-        return float(m) if isinstance(m, int | float) and math.isfinite(m) else None
-
-    ran = ("finished", "stalled")  # ran to the end: their metric is a real one
-    done = [v for r in table if r["status"] in ran and (v := value(r)) is not None]
-    lo, hi = (min(done), max(done)) if done else (0.0, 1.0)
-    margin = 0.08 * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1e-3)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for scheme in dict.fromkeys(r["scheme"] for r in table):
-        runs = [r for r in table if r["scheme"] == scheme and r["lr"] is not None]
-        points = []
-        for lr in lrs:
-            cell = [v for r in runs if r["lr"] == lr and r["status"] in ran and (v := value(r)) is not None]
-            if cell:
-                points.append((lr, sum(cell) / len(cell)))
-        colour = ax.plot(*zip(*points, strict=True), marker="o", label=scheme)[0].get_color() if points else "#e06666"
-        for r in runs:
-            if r["status"] == "diverged":
-                v = value(r)
-                y = hi + margin if v is None else min(max(v, lo - margin), hi + margin)
-                ax.plot([r["lr"]], [y], marker="x", ms=11, mew=2.5, color=colour, ls="none")
-            elif r["status"] == "stalled" and (v := value(r)) is not None:
-                ax.plot([r["lr"]], [v], marker="s", ms=12, mfc="none", mew=1.5, color=colour, ls="none")
-    ax.plot([], [], marker="x", ms=9, mew=2, ls="none", color="k", label="diverged")
-    if any(r["status"] == "stalled" for r in table):
-        ax.plot([], [], marker="s", ms=9, mfc="none", ls="none", color="k", label="stalled (near baseline)")
-    ax.set_xscale("log")
-    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the swept rates are labelled
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel(f"final {metric}")
-    ax.set_title(f"final {metric} per scheme and learning rate")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+def load_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str | None = None) -> Comparison:
+    """Reads a sweep directory (or an export of one): ``sweep.yaml`` and the runs' ``summary.json``."""
+    record = sweep_record(sweep_dir)
+    metric = metric or record.get("metric", "val/loss")
+    summaries = load_summaries(sweep_dir, names)
+    table = rows(summaries, metric, run_coordinates(record, summaries))
+    protocol_notes = assign_protocols(table)
+    return Comparison(record, metric, record.get("baseline"), summaries, table, group(table), protocol_notes)
 
 
 def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str | None = None) -> dict[str, Path]:
-    """Writes the table, ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png`` with several rates,
-    ``depth_profiles.png`` when the runs logged diagnostics) and a TensorBoard layout. ``metric``
-    defaults to the sweep's (``sweep.yaml``), else ``val/loss``.
+    """Writes ``comparison.md``, ``comparison.csv`` (per run), ``comparison_cells.csv`` (per cell),
+    ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png`` with several rates, ``depth_profiles.png``
+    when the runs logged diagnostics) and the TensorBoard layout. ``metric`` defaults to the sweep's
+    (``sweep.yaml``), else ``val/loss``.
 
     Returns:
         ``{kind: path}`` of what was written.
     """
-    metric = metric or sweep_record(sweep_dir).get("metric", "val/loss")
-    summaries = load_summaries(sweep_dir, names)
-    table = rows(summaries, metric)
+    comparison = load_comparison(sweep_dir, names, metric)
+    metric = comparison.metric
     sweep_dir.mkdir(parents=True, exist_ok=True)
     out = {"markdown": sweep_dir / "comparison.md", "csv": sweep_dir / "comparison.csv"}
-    out["markdown"].write_text(to_markdown(table, metric, sweep_baseline(summaries)))
-    with out["csv"].open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns(table))
-        writer.writeheader()
-        writer.writerows(table)
+    out["cells_csv"] = sweep_dir / CELLS_CSV
+    out["markdown"].write_text(comparison.markdown())
+    tables.write_runs_csv(out["csv"], comparison.table, metric)
+    out["cells_csv"].write_text(tables.cells_csv(comparison.cells, metric, comparison.baseline, comparison.table))
     out["curves"] = sweep_dir / "curves.png"
-    plot_curves(summaries, out["curves"], metric)
-    if plot_stability(table, sweep_dir / "stability.png", metric):
+    title = plots.model_title(comparison.record, comparison.summaries, comparison.seeds, metric)
+    plots.plot_curves(comparison.cells, comparison.summaries, out["curves"], title)
+    if plots.plot_stability(comparison.cells, sweep_dir / "stability.png", metric):
         out["stability"] = sweep_dir / "stability.png"
-    if plot_metric_vs_lr(table, sweep_dir / "metric_vs_lr.png", metric):
+    if plots.plot_metric_vs_lr(comparison.cells, sweep_dir / "metric_vs_lr.png", metric):
         out["metric_vs_lr"] = sweep_dir / "metric_vs_lr.png"
-    if plot_depth_profiles(sweep_dir, table, sweep_dir / "depth_profiles.png"):
+    if plot_depth_profiles(sweep_dir, comparison.cells, sweep_dir / "depth_profiles.png"):
         out["depth_profiles"] = sweep_dir / "depth_profiles.png"
-    out["tb_layout"] = write_layout(sweep_dir, list(summaries), metric)
+    if layout := write_layout(sweep_dir, list(comparison.summaries), metric):
+        out["tb_layout"] = layout
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m experiments compare SWEEP_DIR``: rebuilds the comparison from the run summaries."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1 or argv[0] in ("-h", "--help") or not Path(argv[0]).is_dir():
-        sys.exit("usage: python -m experiments compare SWEEP_DIR  (a directory of run directories)")
-    for kind, p in write_comparison(Path(argv[0])).items():
-        print(f"{kind}: {p}")
+    """``python -m experiments compare SWEEP_DIR [--export DIR [--overwrite]]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments compare",
+        description="Rebuild a sweep directory's comparison (tables, plots, TensorBoard layout) from its runs' "
+        "summary.json files; --export copies the small files README's tables are generated from into DIR.",
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a sweep directory, e.g. runs/lm/stability")
+    parser.add_argument(
+        "--export", type=Path, metavar="DIR", help="also copy the comparison to DIR (e.g. docs/results/stability)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        raise SuiteError(f"{args.sweep_dir} is not a directory; valid: a sweep directory such as runs/lm/demo")
+    if not (args.sweep_dir / SWEEP_RECORD).is_file() and not any(args.sweep_dir.glob("*/summary.json")):
+        raise SuiteError(f"{args.sweep_dir} holds no sweep.yaml and no */summary.json; valid: a sweep directory")
+    if args.export is not None:  # refuse before writing anything
+        from experiments.sweeps.export import check_target
+
+        check_target(args.export, args.sweep_dir, args.overwrite)
+    for kind, p in write_comparison(args.sweep_dir).items():
+        print(f"{kind:>14}: {p}")
+    statuses = Counter(r["status"] for r in load_comparison(args.sweep_dir).table)
+    print(f"{'runs':>14}: " + ", ".join(f"{n} {status}" for status, n in statuses.items()))
+    if statuses.get("running") or statuses.get("missing"):
+        print(f"{'note':>14}: some runs have not finished; compare (and export) again when the sweep is done")
+    if args.export is not None:
+        from experiments.sweeps.export import export
+
+        for p in export(args.sweep_dir, args.export, args.overwrite):
+            print(f"      exported: {p}")
+    print(f"   tensorboard: tensorboard --logdir {args.sweep_dir}  (CUSTOM SCALARS: every run per chart)")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""A TensorBoard "Custom Scalars" layout for a sweep directory: every run of the sweep on one chart.
+"""A TensorBoard "Custom Scalars" layout for a sweep: every run of the sweep on one chart per quantity.
 
-``tensorboard --logdir runs/<task>/<sweep>`` then shows, under CUSTOM SCALARS, one chart per quantity
-(validation and training loss, pre-clip gradient norm, max |activation|, residual RMS per block, norm
-scales) with a line per run and stream. Each chart is a tag regex; the plugin applies it to every run
-of the log directory, so the runs need nothing special. The layout lives in an event file directly in
-the sweep directory (the plugin's run ``.``) and is rewritten, not appended, when the sweep reruns:
-the plugin only reads the first layout of a run.
+``tensorboard --logdir runs/<task>/<sweep>`` then shows, under CUSTOM SCALARS
+(``http://localhost:6006/#custom_scalars``), the schemes' losses compared first (validation loss, the
+sweep's metric, training loss), then the stability signals, the residual RMS per block and the norm
+scales, each with a line per run and stream. Only charts whose tags some run logged are included: a
+sweep without ``Diagnostics`` gets no empty "stability" group.
+
+Where the layout lives: each chart is a tag regex the plugin applies to every run of the log directory,
+and the plugin merges the layouts it finds in all runs (identical charts once). So the layout is written
+into each run directory of the sweep, in an event file of its own (suffix ``.sweep_layout``), rather than
+into the sweep directory itself, where TensorBoard would list it as an extra, empty run named ``.``.
+Rebuilding the comparison replaces those files, never the runs' own event files.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import re
 from pathlib import Path
 
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
 Layout = dict[str, dict[str, list]]  # {category: {chart title: ["Multiline", [tag regex, ...]]}}
+LAYOUT_SUFFIX = ".sweep_layout"
+EVENTS = "events.out.tfevents.*"
 
 
 def _exact(tag: str) -> str:
@@ -30,26 +38,41 @@ def sweep_depth(sweep_dir: Path, names: list[str]) -> int | None:
         path = sweep_dir / name / "config.yaml"
         if not path.is_file():
             continue
-        config = yaml.safe_load(path.read_text()) or {}
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
         trunk = ((config.get("model") or {}).get("init_args") or {}).get("trunk") or {}
         if isinstance(trunk.get("depth"), int):
             depths.append(trunk["depth"])
     return max(depths) if depths else None
 
 
-def build_layout(metric: str = "val/loss", depth: int | None = None) -> Layout:
-    """The sweep layout: losses, stability signals, residual RMS per block, norm scales.
+def run_tags(run_dir: Path) -> set[str]:
+    """The scalar tags a run logged (from its own event files; empty without any)."""
+    if not any(p for p in run_dir.glob(EVENTS) if not p.name.endswith(LAYOUT_SUFFIX)):
+        return set()
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 1, "tensors": 1, "histograms": 1, "images": 1})
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+def build_layout(metric: str = "val/loss", depth: int | None = None, tags: set[str] | None = None) -> Layout:
+    """The sweep layout: losses first, then stability signals, residual RMS per block, norm scales.
 
     Args:
-        metric: the sweep's key metric, charted next to the losses when it is not ``val/loss``.
+        metric: the sweep's key metric, charted after the validation loss when it is not ``val/loss``.
         depth: trunk depth, for one RMS chart per block (None: one chart with every block).
+        tags: the scalar tags the runs logged; a chart none of whose regexes matches one is left out, and
+            so is a category left empty (None: keep every chart).
 
     Returns:
-        The layout in the form ``SummaryWriter.add_custom_scalars`` takes.
+        The layout in the form ``SummaryWriter.add_custom_scalars`` takes, categories in display order.
     """
-    losses = {"val/loss": [_exact("val/loss")], "train/loss": [_exact("train/loss")]}
-    if metric not in losses:
+    losses = {"val/loss": [_exact("val/loss")]}
+    if metric != "val/loss":
         losses[metric] = [_exact(metric)]
+    losses["train/loss"] = [_exact("train/loss")]
     stability = {
         "grad norm, global (pre-clip)": [_exact("diag/grad_norm/global")],
         "grad norm per block (pre-clip)": [r"^diag/grad_norm/block_\d+$"],
@@ -67,18 +90,34 @@ def build_layout(metric: str = "val/loss", depth: int | None = None) -> Layout:
         "branch-input norm N_in per sublayer": [r"^diag/scale/norm_in/"],
     }
     categories = {"losses": losses, "stability": stability, "residual RMS": rms, "norm scales": scales}
-    return {
-        title: {name: ["Multiline", regexes] for name, regexes in charts.items()}
-        for title, charts in categories.items()
-    }
+    layout: Layout = {}
+    for title, charts in categories.items():
+        kept = {
+            name: ["Multiline", regexes]
+            for name, regexes in charts.items()
+            if tags is None or any(re.search(rx, tag) for rx in regexes for tag in tags)
+        }
+        if kept:
+            layout[title] = kept
+    return layout
 
 
-def write_layout(sweep_dir: Path, names: list[str], metric: str = "val/loss") -> Path:
-    """Writes the layout into ``sweep_dir`` (replacing an earlier one); returns the event file."""
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    for old in sweep_dir.glob("events.out.tfevents.*"):  # run directories are below, untouched
+def write_layout(sweep_dir: Path, names: list[str], metric: str = "val/loss") -> Path | None:
+    """Writes the layout into every existing run directory of ``names`` (replacing earlier ones) and removes
+    a sweep-level layout an earlier version wrote; returns one of the files (None without a run directory)."""
+    for old in sweep_dir.glob(EVENTS):  # the former sweep-level layout (the empty run "."); runs are below
         old.unlink()
-    writer = SummaryWriter(log_dir=str(sweep_dir))
-    writer.add_custom_scalars(build_layout(metric, sweep_depth(sweep_dir, names)))
-    writer.close()
-    return next(sweep_dir.glob("events.out.tfevents.*"))
+    run_dirs = [sweep_dir / n for n in names if (sweep_dir / n).is_dir()]
+    tags = set().union(*(run_tags(d) for d in run_dirs)) if run_dirs else set()
+    layout = build_layout(metric, sweep_depth(sweep_dir, names), tags)
+    written = None
+    for run_dir in run_dirs:
+        for old in run_dir.glob(EVENTS + LAYOUT_SUFFIX):
+            old.unlink()
+        if not layout:
+            continue
+        writer = SummaryWriter(log_dir=str(run_dir), filename_suffix=LAYOUT_SUFFIX)
+        writer.add_custom_scalars(layout)
+        writer.close()
+        written = written or next(run_dir.glob(EVENTS + LAYOUT_SUFFIX))
+    return written

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import shutil
 from pathlib import Path
 
-from experiments.sweeps import compare
+import numpy as np
+import pytest
+import yaml
+from scipy import stats as scipy_stats
+
+from experiments.sweeps import compare, palette, plots, stats, tables
 from experiments.sweeps.profiles import depth_profile
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BASELINE = 3.0  # stalled above 0.9 x 3.0 = 2.7
 
@@ -69,7 +79,7 @@ def test_rebuilt_comparison_keeps_the_sweeps_run_order_and_metric(tmp_path: Path
     (tmp_path / compare.SWEEP_RECORD).write_text("runs: [b, a]\n")
     assert [r["run"] for r in compare.rows(compare.load_summaries(tmp_path), "val/loss")] == ["b", "a"]
     (tmp_path / compare.SWEEP_RECORD).write_text("runs: [b, a]\nmetric: val/acc1\n")
-    assert "| val/acc1 |" in compare.write_comparison(tmp_path)["markdown"].read_text()  # the sweep's metric
+    assert "| val/acc1 |" in Tables(tmp_path).markdown  # the sweep's metric
 
 
 def test_depth_profile_groups_tags_per_stream_and_block():
@@ -86,8 +96,227 @@ def test_test_metrics_become_columns(tmp_path: Path):
         (tmp_path / name).mkdir()
         record = summary(name, 1e-3, "finished", 0.5) | ({"test": {"test/acc1": acc}} if acc else {})
         (tmp_path / name / "summary.json").write_text(json.dumps(record))
-    out = compare.write_comparison(tmp_path)
-    table = out["markdown"].read_text().splitlines()
-    assert table[0].endswith("| params | test/acc1 |")
-    assert table[2].endswith("| 0.8 |") and table[3].endswith("| - |")  # an untested run shows a dash
-    assert out["csv"].read_text().splitlines()[0].endswith(",params,test/acc1")
+    out = Tables(tmp_path)
+    runs = out.markdown.split("every run")[1].strip().splitlines()
+    assert runs[0].endswith("| params | test/acc1 |")
+    assert runs[2].endswith("| 0.8 |") and runs[3].endswith("| - |")  # an untested run shows a dash
+    assert out.runs_csv[0][-2:] == ["params", "test/acc1"]
+
+
+##################################################################################
+#                     Cells over seeds, paired against a baseline               #
+##################################################################################
+
+
+def write_sweep(root: Path, runs: list[tuple[dict, dict]], baseline: str | None = "pre", metric: str = "val/loss"):
+    """A sweep directory as the sweep writes it: ``sweep.yaml`` (runs, grid, baseline) and run summaries."""
+    grid = []
+    for coords, record in runs:
+        grid.append({"overlay": None, "lr": 0.01, "warmup": None, **coords})
+        (root / coords["name"]).mkdir(parents=True)
+        (root / coords["name"] / "summary.json").write_text(json.dumps(record))
+    spec = {"name": "seeds", "configs": ["configs/lm/tiny.yaml"], "baseline": baseline, "metric": metric,
+            "runs": [g["name"] for g in grid], "grid": grid}  # fmt: skip
+    (root / compare.SWEEP_RECORD).write_text(yaml.safe_dump(spec, sort_keys=False))
+    return root
+
+
+PRE = [1.530, 1.561, 1.505]
+SIAMESE = [1.512, 1.538, 1.497]
+
+
+def seeded(scheme: str, values: list[float | None], statuses: list[str] | None = None, trunk: str | None = None):
+    statuses = statuses or ["finished"] * len(values)
+    return [
+        ({"name": f"{scheme}-s{seed}", "scheme": scheme, "seed": seed},
+         summary(trunk or scheme, 0.01, status, value) | {"wall_time_s": 100.0 + seed / 3, "params": 1_083_968})
+        for seed, value, status in zip((1, 2, 3)[: len(values)], values, statuses, strict=True)
+    ]  # fmt: skip
+
+
+class Tables:
+    """The comparison's text outputs, built without drawing its plots (those tests are elsewhere)."""
+
+    def __init__(self, root: Path) -> None:
+        c = compare.load_comparison(root)
+        self.markdown = c.markdown()
+        runs_csv = root / "runs.csv"
+        tables.write_runs_csv(runs_csv, c.table, c.metric)
+        self.runs_csv = list(csv.reader(runs_csv.open()))
+        self.cells_csv = list(csv.DictReader(io.StringIO(tables.cells_csv(c.cells, c.metric, c.baseline, c.table))))
+
+
+def cells_table(markdown: str) -> list[list[str]]:
+    """The first markdown table of ``markdown`` (the cells), as lists of cell texts."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[start:end]]
+
+
+def test_cells_show_mean_ci_n_and_the_paired_difference_with_scipys_values(tmp_path: Path):
+    write_sweep(tmp_path, seeded("pre", PRE) + seeded("siamese", SIAMESE))
+    out = Tables(tmp_path)
+    rows = cells_table(out.markdown)
+    assert rows[0] == ["scheme", "val/loss", "Δ val/loss vs pre", "p (paired t)", "p (sign-flip)", "runs"]
+    e, ref = stats.estimate(SIAMESE), scipy_stats.ttest_rel(SIAMESE, PRE)
+    diff = scipy_stats.ttest_rel(SIAMESE, PRE).confidence_interval()
+    half = (diff.high - diff.low) / 2
+    assert rows[2][0] == "pre" and rows[2][2] == "(baseline)" and rows[2][-1] == "3 finished"
+    assert rows[3][1] == f"{e.mean:.3f} ± {e.half_width:.3f} (n = 3)"  # half-width 0.052: 2 significant digits
+    assert rows[3][2] == f"{np.mean(np.subtract(SIAMESE, PRE)):+.3f} ± {half:.3f} (n = 3)"
+    assert rows[3][3] == f"{ref.pvalue:.2g}" and rows[3][4] == "0.25"  # 3 pairs: the sign-flip floor
+    assert "smallest possible value with n = 3 pairs is 0.25" in out.markdown
+    cells = out.cells_csv
+    assert float(cells[1]["val/loss p_paired_t"]) == pytest.approx(ref.pvalue, rel=1e-12)
+    assert float(cells[1]["val/loss diff_ci_low"]) == pytest.approx(diff.low, rel=1e-12)
+    assert cells[1]["finished"] == "3" and cells[1]["val/loss n"] == "3"
+    assert cells[1]["val/loss"] == rows[3][1] and cells[1]["Δ val/loss"] == rows[3][2]  # the markdown's text
+
+
+def test_cells_come_from_the_grid_not_the_summarys_scheme(tmp_path: Path):
+    # Both variants train the siamese_hybrid trunk: the summary says so, only the grid tells them apart.
+    runs = seeded("pre", PRE) + seeded("siamese_hybrid", SIAMESE)
+    runs += seeded("siamese_hybrid-no-input-norm", [1.6, 1.62, 1.58], trunk="siamese_hybrid")
+    write_sweep(tmp_path, runs)
+    rows = cells_table(Tables(tmp_path).markdown)
+    assert [r[0] for r in rows[2:]] == ["pre", "siamese_hybrid", "siamese_hybrid-no-input-norm"]
+    assert rows[4][1] == "1.600 ± 0.050 (n = 3)"
+
+
+def test_failed_runs_are_counted_not_averaged(tmp_path: Path):
+    runs = seeded("pre", PRE) + seeded("post", [1.6, 3.02, None], ["finished", "finished", "diverged"])
+    runs += seeded("deepnorm", [3.03, 3.02, 3.04])  # all stalled at the context-free loss
+    write_sweep(tmp_path, runs)
+    rows = cells_table(Tables(tmp_path).markdown)
+    post, deepnorm = rows[3], rows[4]
+    assert post[1] == "1.6 (n = 1)" and post[-1] == "1 finished, 1 stalled, 1 diverged"
+    assert post[2] == f"{1.6 - PRE[0]:+.4g} (n = 1)" and post[3] == post[4] == "-"  # one pair: no test
+    assert deepnorm[1].startswith("stalled 3.030 ± ") and deepnorm[2] == "-" and deepnorm[-1] == "3 stalled"
+
+
+def test_a_one_seed_cell_says_n_1_and_shows_no_interval(tmp_path: Path):
+    write_sweep(tmp_path, seeded("pre", PRE[:1]) + seeded("siamese", SIAMESE[:1]))
+    out = Tables(tmp_path)
+    markdown = out.markdown
+    rows = cells_table(markdown)
+    assert rows[2][1] == "1.53 (n = 1)" and rows[3][1] == "1.512 (n = 1)" and "±" not in markdown
+    assert rows[3][2] == "-0.018 (n = 1)" and rows[3][3] == rows[3][4] == "-"
+    cell = out.cells_csv[1]
+    assert cell["val/loss n"] == "1" and cell["val/loss ci_low"] == cell["val/loss std"] == ""
+
+
+def test_pivot_puts_the_swept_axis_in_columns_with_the_paired_line(tmp_path: Path):
+    runs = []
+    for lr in (0.01, 0.05):
+        for scheme, values in (("pre", PRE), ("siamese", SIAMESE)):
+            for (coords, record), value in zip(seeded(scheme, values), values, strict=True):
+                name = f"{scheme}-lr{lr:g}-s{coords['seed']}"
+                runs.append(({**coords, "name": name, "lr": lr}, record | {"lr": lr}))
+                assert record["final_val"]["val/loss"] == value
+    write_sweep(tmp_path, runs)
+    comparison = compare.load_comparison(tmp_path)
+    pivot = comparison.block("pivot").splitlines()
+    assert pivot[0] == "| scheme | lr 0.01 | lr 0.05 |"
+    assert pivot[3].startswith("| siamese | 1.516 ± 0.052 (n = 3)<br>Δ -0.016 ± ")
+    assert "(t), 0.25 (sign-flip)" in pivot[3] and pivot[3].count("<br>Δ") == 2
+    assert compare.write_comparison(tmp_path)["metric_vs_lr"].stat().st_size > 1000
+
+
+def test_the_csv_names_the_metric_and_formats_wall_time_one_way(tmp_path: Path):
+    write_sweep(tmp_path, seeded("pre", PRE) + seeded("siamese", SIAMESE), metric="val/ppl")
+    for run in tmp_path.glob("*/summary.json"):
+        record = json.loads(run.read_text())
+        record["final_val"]["val/ppl"] = math.exp(record["final_val"]["val/loss"])
+        run.write_text(json.dumps(record))
+    out = Tables(tmp_path)
+    header, *lines = out.runs_csv
+    assert "metric" not in header and "val/ppl" in header
+    wall = [line[header.index("wall_s")] for line in lines]
+    assert wall == ["100.3", "100.7", "101.0"] * 2  # one decimal everywhere
+    runs = out.markdown.split("every run")[1]
+    assert "| 100 | 1,083,968 |" in runs and "| 101 | 1,083,968 |" in runs  # whole seconds in markdown
+    assert cells_table(out.markdown)[0][1] == "val/ppl"
+
+
+def test_runs_under_different_test_protocols_are_not_ranked_silently(tmp_path: Path):
+    fid = {"samples": 500, "sampler": "ddim", "steps": 50}
+    runs = seeded("pre", PRE) + seeded("siamese", SIAMESE)
+    for i, (_, record) in enumerate(runs):
+        protocol = fid if i != 5 else fid | {"samples": 1000}  # siamese-s3 measured with more samples
+        record |= {"test": {"test/fid": 140.0 + i}, "test_protocol": protocol}
+    write_sweep(tmp_path, runs)
+    markdown = Tables(tmp_path).markdown
+    assert "**Test metrics were measured under 2 different protocols**" in markdown
+    assert "P1 = samples=500, sampler=ddim, steps=50; P2 = samples=1000, sampler=ddim, steps=50" in markdown
+    rows = cells_table(markdown)
+    assert rows[2][5] == "141.0 ± 2.5 (n = 3)" and rows[3][5] == "mixed protocols"
+    assert "| protocol |" in markdown.split("every run")[1] and "| P2 |" in markdown
+    for _, record in runs:  # one protocol for all: a single line names it, no column
+        record["test_protocol"] = fid
+    shutil.rmtree(tmp_path)
+    write_sweep(tmp_path, runs)
+    markdown = Tables(tmp_path).markdown
+    assert "Test protocol of every tested run: samples=500, sampler=ddim, steps=50." in markdown
+    assert "| protocol |" not in markdown and "mixed" not in markdown
+
+
+def test_downstream_scores_average_in_markdown_and_every_task_in_the_csv(tmp_path: Path):
+    runs = seeded("pre", PRE[:1]) + seeded("siamese", SIAMESE[:1])
+    for _, record in runs:
+        record["test"] = {"test/ppl": 4.1, "test/downstream/hellaswag/acc": 0.3, "test/downstream/arc_easy/acc": 0.4,
+                          "test/downstream/avg": 0.35}  # fmt: skip
+    write_sweep(tmp_path, runs)
+    out = Tables(tmp_path)
+    assert "test/downstream/avg" in out.markdown and "hellaswag" not in out.markdown
+    tasks = {"test/downstream/hellaswag/acc", "test/downstream/arc_easy/acc", "test/downstream/avg"}
+    assert tasks <= set(out.runs_csv[0])
+    assert "test/downstream/hellaswag/acc mean" in out.cells_csv[0]
+
+
+def test_mean_curve_averages_the_steps_every_seed_has():
+    steps, mean, low, high = plots.mean_curve([{10: 3.0, 20: 2.0, 30: 1.5}, {10: 3.2, 20: 2.2}])
+    assert steps.tolist() == [10, 20] and mean.tolist() == pytest.approx([3.1, 2.1])
+    e = stats.estimate([2.0, 2.2])
+    assert (low[1], high[1]) == pytest.approx((e.low, e.high))
+    assert plots.mean_curve([]) is None
+
+
+def test_every_scheme_has_its_own_colour_in_every_plot():
+    known = palette.SCHEME_COLOURS
+    assert len(set(known.values())) == len(known)  # no two listed schemes share one
+    shipped = {p.stem for p in (ROOT / "configs/norm").glob("*.yaml")}  # every scheme and named variant
+    assert shipped <= set(known)  # every shipped scheme and variant is listed
+    colours = palette.scheme_colours(["pre", "new-a", "new-b"])
+    assert len(set(colours.values())) == 3 and colours["pre"] == known["pre"]
+
+
+@pytest.mark.slow
+def test_a_real_seeded_sweep_produces_the_cells_table(tmp_path: Path, monkeypatch, capsys):
+    """Two schemes x two seeds through the real sweep runner and ``fit``: the table pairs them by seed."""
+    from experiments.sweeps import sweep
+    from tests.experiments.tiny import tiny_lm
+
+    monkeypatch.chdir(ROOT)
+    spec = {"name": "seeded", "configs": [str(ROOT / "configs/lm/tiny.yaml")], "schemes": ["pre", "siamese"],
+            "seeds": [1, 2], "baseline": "pre", "parallel": 2, "runs_root": str(tmp_path / "runs"),
+            "args": [*tiny_lm(), f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=80",
+                     "--trainer.val_check_interval=80", "--model.init_args.optim.lr=0.01",
+                     "--divergence.max_loss=50"]}  # fmt: skip  # 80 steps: below the stall line
+    (tmp_path / "seeded.yaml").write_text(yaml.safe_dump(spec))
+    sweep.main(["sweep", str(tmp_path / "seeded.yaml")])
+    out = capsys.readouterr().out
+    assert "## seeded: val/loss per cell, over seeds" in out  # printed at the end
+    sweep_dir = tmp_path / "runs/lm/seeded"
+    rows = cells_table((sweep_dir / "comparison.md").read_text())
+    assert rows[0][:3] == ["scheme", "val/loss", "Δ val/loss vs pre"]
+    assert rows[2][0] == "pre" and rows[2][1].endswith("(n = 2)") and rows[2][2] == "(baseline)"
+    assert rows[3][0] == "siamese" and rows[3][2].endswith("(n = 2)") and rows[3][4] == "0.5"  # 2 pairs: floor 0.5
+    assert {"pre-s1", "siamese-s2"} <= {line[0] for line in csv.reader((sweep_dir / "comparison.csv").open())}
+    assert (sweep_dir / "curves.png").stat().st_size > 1000
+
+
+def test_identical_runs_compare_as_no_difference_with_p_1(tmp_path: Path):
+    write_sweep(tmp_path, seeded("pre", PRE) + seeded("siamese", PRE))  # the same numbers, seed by seed
+    row = cells_table(Tables(tmp_path).markdown)[3]
+    assert row[:5] == ["siamese", "1.532 ± 0.070 (n = 3)", "+0 ± 0 (n = 3)", "1", "1"]

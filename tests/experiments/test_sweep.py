@@ -21,6 +21,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 from experiments.cli import main as cli_main
 from experiments.monitoring.divergence import DivergenceDetector
 from experiments.sweeps import sweep
+from experiments.sweeps.tb_layout import LAYOUT_SUFFIX
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ def test_exploding_run_stops_and_is_recorded_as_diverged(tmp_path: Path):
 
 
 def layout_of(sweep_dir: Path) -> layout_pb2.Layout:
-    (events,) = sweep_dir.glob("events.out.tfevents.*")
+    events = sorted(sweep_dir.glob(f"*/events.out.tfevents.*{LAYOUT_SUFFIX}"))[0]  # each run holds it
     acc = EventAccumulator(str(events))
     acc.Reload()
     (point,) = acc.Tensors(metadata.CONFIG_SUMMARY_TAG)
@@ -177,7 +178,8 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
     sweep.main(["sweep", str(sweep_file)])
     assert "previous attempt running, rerunning from scratch" in capsys.readouterr().out
     assert len(calls) == 5 and all("--model.init_args.optim.lr=0.001" in argv for argv in calls)
-    assert len(list(sweep_dir.glob("events.out.tfevents.*"))) == 1  # the layout was replaced, not added
+    assert not list(sweep_dir.glob("events.out.tfevents.*"))  # no empty run "." in TensorBoard
+    assert len(list(run_dir.glob(f"events.out.tfevents.*{LAYOUT_SUFFIX}"))) == 1  # replaced, not added
 
     sweep.main(["sweep", str(sweep_file)])  # everything done: nothing runs
     assert capsys.readouterr().out.count("skipped") == 2 and len(calls) == 5

@@ -1,0 +1,87 @@
+"""Seed statistics: intervals and p-values against scipy's own reference routines and a hand enumeration."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from experiments.sweeps import stats
+from experiments.sweeps.tables import fmt_estimate, fmt_p
+
+SAMPLE = [1.512, 1.538, 1.497, 1.551, 1.520]  # five seeds of a final loss
+BASE = [1.530, 1.561, 1.505, 1.560, 1.548]  # the baseline's five seeds, paired by position
+
+
+def test_interval_equals_scipys_one_sample_t_interval():
+    e = stats.estimate(SAMPLE)
+    reference = scipy_stats.ttest_1samp(SAMPLE, 0.0).confidence_interval(0.95)  # another scipy route
+    assert e.n == 5 and e.mean == pytest.approx(np.mean(SAMPLE), abs=1e-15)
+    assert e.std == pytest.approx(np.std(SAMPLE, ddof=1), rel=1e-12)
+    assert (e.low, e.high) == pytest.approx((reference.low, reference.high), rel=1e-12)
+    # Pinned numbers, so a change of formula (z instead of t, ddof 0) cannot pass: t_{0.975, 4} = 2.776445.
+    assert e.half_width == pytest.approx(2.7764451051977987 * np.std(SAMPLE, ddof=1) / np.sqrt(5), rel=1e-12)
+    assert (e.low, e.high) == pytest.approx((1.4971639, 1.5500361), abs=1e-7)
+
+
+def test_paired_comparison_equals_scipys_paired_t_test_and_an_exact_enumeration():
+    v = stats.paired(dict(enumerate(SAMPLE)), dict(enumerate(BASE)))
+    reference = scipy_stats.ttest_rel(SAMPLE, BASE)
+    interval = reference.confidence_interval(0.95)
+    assert v.n == 5 and v.differences == pytest.approx(np.subtract(SAMPLE, BASE).tolist())
+    assert v.p_t == pytest.approx(reference.pvalue, rel=1e-12)
+    assert (v.difference.low, v.difference.high) == pytest.approx((interval.low, interval.high), rel=1e-12)
+    # The sign-flip test by hand: every one of the 2^5 sign patterns of the differences.
+    d = np.subtract(SAMPLE, BASE)
+    flipped = [abs(np.mean(d * signs)) for signs in itertools.product([1, -1], repeat=len(d))]
+    by_hand = np.mean([m >= abs(d.mean()) - 1e-12 for m in flipped])
+    assert v.sign_flip_exact and v.p_sign_flip == pytest.approx(by_hand)
+    assert v.p_sign_flip == pytest.approx(2 / 32)  # every difference is negative: the two extreme patterns
+    assert v.p_t == pytest.approx(0.011507, abs=1e-6)  # pinned
+
+
+def test_identical_runs_differ_by_zero_with_p_one():
+    v = stats.paired({1: 1.5, 2: 1.6, 3: 1.55}, {1: 1.5, 2: 1.6, 3: 1.55})
+    assert v.difference.mean == 0.0 and (v.difference.low, v.difference.high) == (0.0, 0.0)
+    assert v.p_t == 1.0 and v.p_sign_flip == 1.0
+    assert fmt_estimate(v.difference, signed=True) == "+0 ± 0 (n = 3)"
+
+
+def test_one_replicate_has_no_interval():
+    e = stats.estimate([1.5144])
+    assert e.n == 1 and e.std is None and e.low is None and e.high is None and e.half_width is None
+    assert fmt_estimate(e) == "1.514 (n = 1)"  # never "±"
+    v = stats.paired({7: 1.5}, {7: 1.6})
+    assert v.n == 1 and v.p_t is None and v.p_sign_flip is None and v.difference.half_width is None
+    assert stats.estimate([]) is None and stats.paired({1: 1.0}, {2: 1.0}) is None  # no common seed
+
+
+def test_a_constant_offset_has_no_t_test_but_a_sign_flip_test():
+    v = stats.paired({1: 1.5, 2: 1.25, 3: 1.0}, {1: 1.0, 2: 0.75, 3: 0.5})  # exactly +0.5 on every seed
+    assert v.p_t is None  # t = 0.5 / 0: undefined, not "p = 0"
+    assert v.p_sign_flip == pytest.approx(0.25) == stats.sign_flip_floor(3)
+
+
+def test_many_pairs_sample_sign_patterns_reproducibly():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(0.0, 1.0, 20), rng.normal(0.3, 1.0, 20)
+    first = stats.paired(dict(enumerate(a)), dict(enumerate(b)))
+    again = stats.paired(dict(enumerate(a)), dict(enumerate(b)))
+    assert not first.sign_flip_exact and first.p_sign_flip == again.p_sign_flip
+    assert first.p_t == pytest.approx(scipy_stats.ttest_rel(a, b).pvalue)
+
+
+def test_interval_bands_equal_the_interval_at_every_point():
+    curves = np.array([[3.0, 2.0, 1.6], [3.1, 2.2, 1.5], [2.9, 2.1, 1.55]])
+    mean, low, high = stats.interval_bands(curves)
+    for j in range(3):
+        e = stats.estimate(curves[:, j])
+        assert (mean[j], low[j], high[j]) == pytest.approx((e.mean, e.low, e.high), rel=1e-12)
+    one = stats.interval_bands(curves[:1])
+    assert all(np.array_equal(one[0], x) for x in one)  # one curve: no band
+
+
+def test_p_value_formatting():
+    assert [fmt_p(p) for p in (None, 1.0, 0.25, 0.01527, 0.0004)] == ["-", "1", "0.25", "0.015", "< 0.001"]
