@@ -14,13 +14,16 @@ readable sample instead, warns with the path, and counts the skip in shared memo
 total over all workers is visible (`num_broken_images`).
 """
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
 
 import warnings
 from pathlib import Path
+from typing import Annotated
 
 import lightning as L
 import torch
+from annotated_types import Ge, Interval
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image
 from timm.data import create_transform
@@ -115,15 +118,15 @@ class ImageFolderDataModule(L.LightningDataModule):
     def __init__(
         self,
         root: str,
-        image_size: int = 224,
-        batch_size: int | None = None,
-        global_batch_size: int | None = None,
-        num_workers: int = 8,
+        image_size: Annotated[int, Ge(1)] = 224,
+        batch_size: Annotated[int, Ge(1)] | None = None,
+        global_batch_size: Annotated[int, Ge(1)] | None = None,
+        num_workers: Annotated[int, Ge(0)] = 8,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        re_prob: float = 0.25,
-        color_jitter: float = 0.3,
+        re_prob: Annotated[float, Interval(ge=0, le=1)] = 0.25,
+        color_jitter: Annotated[float, Ge(0)] = 0.3,
         interpolation: str = "bicubic",
-        eval_crop_pct: float = 0.875,
+        eval_crop_pct: Annotated[float, Interval(gt=0, le=1)] = 0.875,
         pin_memory: bool = True,
         seed: int = 0,
     ) -> None:
