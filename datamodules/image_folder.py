@@ -72,9 +72,27 @@ class SkipBrokenImages(Dataset[tuple[torch.Tensor, int]]):
             if self.dataset.transform is not None:
                 image = self.dataset.transform(image)  # outside the try: a transform bug must still raise
             return image, target
-        raise RuntimeError(
-            f"{self.max_consecutive} unreadable images in a row from index {index} of {self.dataset.root}"
+        raise ValueError(
+            f"{self.max_consecutive} unreadable images in a row from index {index} of {self.dataset.root}; "
+            "valid: decodable image files (these may be truncated or not images)"
         )
+
+    def check_decodable(self) -> None:
+        """Decodes files from the start until one works; a one-line ValueError when none of the first
+        ``max_consecutive`` does (a folder of truncated files fails at setup, not deep in a worker)."""
+        last: tuple[str, BaseException] | None = None
+        for path, _ in self.dataset.samples[: self.max_consecutive]:
+            try:
+                self.dataset.loader(path)
+                return
+            except _DECODE_ERRORS as err:
+                last = (path, err)
+        if last is not None:
+            raise ValueError(
+                f"{self.dataset.root}: none of the first {self.max_consecutive} images can be decoded (e.g. "
+                f"{last[0]}: {str(last[1]).splitlines()[0] if str(last[1]) else type(last[1]).__name__}); "
+                "valid: decodable image files"
+            )
 
 
 class _ClassFolder(ImageFolder):
@@ -229,7 +247,9 @@ class ImageFolderDataModule(L.LightningDataModule):
             raise ValueError(
                 f"{str(split_dir)!r} holds no images ({', '.join(IMG_EXTENSIONS)}) in its class directories"
             )
-        return SkipBrokenImages(folder)
+        dataset = SkipBrokenImages(folder)
+        dataset.check_decodable()
+        return dataset
 
     # ------------------------------------------------------------------------------------ lifecycle
 

@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 
 import lightning as L
-from jsonargparse import ArgumentError
+from jsonargparse import ActionYesNo, ArgumentError
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -53,6 +53,8 @@ from experiments.reliability.checkpointing import (
 from experiments.reliability.config_files import check_config_files, explain_parse_error
 from experiments.reliability.errors import OutputDirError, SuiteError
 from experiments.reliability.layout import (
+    NAME_PATTERN,
+    NAME_RULE,
     TASK_NAMES,
     check_name,
     claim_run_dir,
@@ -72,6 +74,7 @@ class SuiteCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         self._run_dir: Path | None = None  # set while parsing, checked before the trainer is built
         self._argv: list[str] = []
+        self._overwrite = False  # --overwrite as given (the saved config records false)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # config.<subcommand>.yaml: the latest one
@@ -91,7 +94,7 @@ class SuiteCLI(LightningCLI):
         parser.add_argument("--experiment", type=str | None, default=None, help="defaults to the first config's name")
         parser.add_argument("--run_name", type=str | None, default=None, help="defaults to the norm scheme")
         parser.add_argument(
-            "--overwrite", type=bool, default=False, help="replace a run (fit) or predict outputs that exist"
+            "--overwrite", action=ActionYesNo, default=False, help="replace a run (fit) or outputs that exist"
         )
         # Callbacks every run gets, configurable as --summary.* / --divergence.*
         parser.add_lightning_class_args(RunSummary, "summary")
@@ -126,6 +129,8 @@ class SuiteCLI(LightningCLI):
         in the config, so the saved config reruns into the same experiment."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         subcommand = self.subcommand or "fit"
+        self._overwrite = bool(config.get("overwrite"))
+        config.overwrite = False  # asked for this once: a saved config never replaces anything on its own
         if config.get("weights_only") is False:
             raise SuiteError(
                 "--weights_only=false would let a checkpoint run code while it loads; valid: true or unset "
@@ -140,9 +145,17 @@ class SuiteCLI(LightningCLI):
         if evaluated is not None:  # test / predict a checkpoint: write into its run, never another one
             self._run_dir = evaluated
             return
-        experiment = check_name("--experiment", config.experiment or _experiment_from(config))
-        config.experiment = experiment
-        run_name = check_name("--run_name", config.run_name) if config.run_name else scheme
+        if config.experiment is not None:
+            experiment = check_name("--experiment", config.experiment)
+        else:
+            experiment = _experiment_from(config)
+            if not NAME_PATTERN.fullmatch(experiment):
+                raise SuiteError(
+                    f"the experiment name {experiment!r} (the first config's file name) is not a valid name; "
+                    f"valid: --experiment NAME ({NAME_RULE})"
+                )
+        config.experiment = experiment  # saved: a rerun from config.yaml lands in the same experiment
+        run_name = check_name("--run_name", config.run_name) if config.run_name is not None else scheme
         root = config.trainer.get("default_root_dir") or config.runs_root
         self._run_dir = run_dir_for(root, task, experiment, run_name)
 
@@ -160,7 +173,7 @@ class SuiteCLI(LightningCLI):
                 if last and newest_readable(run_dir / "checkpoints") is None:  # the error, before anything is written
                     resolve_checkpoint("last", run_dir / "checkpoints", stage=self.subcommand)
                 if self.subcommand == "fit":
-                    claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=config.overwrite)
+                    claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
                 ensure_writable(run_dir)
                 mark(run_dir, self.subcommand)
             kwargs["default_root_dir"] = str(run_dir)
@@ -202,7 +215,7 @@ class SuiteCLI(LightningCLI):
         if outputs is None or self._run_dir is None:
             return
         paths = [Path(p) for p in outputs(self.subcommand, self._run_dir)]
-        overwrite = self.config_init[self.subcommand].overwrite
+        overwrite = self._overwrite
         refuse_existing(paths, overwrite=overwrite, what=self.subcommand)
         for path in paths:
             if overwrite and path.is_dir() and self._run_dir.resolve() in path.resolve().parents:

@@ -370,7 +370,7 @@ class InterruptCheckpoint(Callback):
         if not isinstance(exception, SIGTERMException | KeyboardInterrupt):
             return
         name = self.signal_name or ("SIGTERM" if isinstance(exception, SIGTERMException) else "SIGINT")
-        stage = str(trainer.state.fn or "run")
+        stage = trainer.state.fn.value if trainer.state.fn is not None else "run"  # fit / validate / test / predict
         if stage != "fit":
             exception.add_note(f"interrupted by {name} during {stage}; stopped after the current batch, no result")
             return

@@ -38,7 +38,7 @@ SAFE_GLOBALS: tuple[type, ...] = ()
 if SAFE_GLOBALS:
     torch.serialization.add_safe_globals(list(SAFE_GLOBALS))
 
-_GLOBAL = re.compile(r"GLOBAL ([\w.]+(?: [\w.]+)?)")
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
 def checkpoint_problem(path: str | Path) -> str | None:
@@ -72,7 +72,7 @@ def checkpoint_problem(path: str | Path) -> str | None:
 def _refused(what: str, path: Path, err: Exception) -> SuiteError:
     """The one-line error for a file whose unpickling needs more than plain data."""
     found = _GLOBAL.search(str(err))
-    culprit = f" ({found[1].replace(' ', '.')})" if found else ""
+    culprit = f" ({found[1]})" if found else ""
     return CheckpointError(
         f"{what} {path} holds a Python object{culprit} that only an unsafe unpickle would build; the suite reads "
         "such files with torch.load(weights_only=True) and refuses it (save tensors and plain data instead)"

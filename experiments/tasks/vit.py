@@ -39,6 +39,7 @@ class ImageClassification(TaskModule):
 
     task = "vit"
     key_metric = "val/acc1"
+    test_metrics = ("test/acc5",)
 
     def __init__(
         self,
