@@ -55,13 +55,13 @@ from experiments.reliability.errors import OutputDirError, SuiteError
 from experiments.reliability.layout import (
     NAME_PATTERN,
     NAME_RULE,
-    TASK_NAMES,
     check_name,
     claim_run_dir,
     mark,
     refuse_existing,
     run_dir_for,
     run_dir_of_checkpoint,
+    task_name,
 )
 
 PROG = "python -m experiments"
@@ -138,7 +138,7 @@ class SuiteCLI(LightningCLI):
             )
         trunk = config.model.init_args.get("trunk")
         scheme = trunk.norm_scheme if trunk is not None else "model"
-        task = _task_name(config.model.class_path)
+        task = task_name(config.model.class_path)
         named = config.experiment is not None or config.run_name is not None
         ckpt = config.get("ckpt_path")
         evaluated = _evaluated_run(subcommand, ckpt) if not named else None
@@ -253,8 +253,10 @@ class SuiteCLI(LightningCLI):
         self._say_where("predictions")
 
     def _say_where(self, what: str) -> None:
-        if self.trainer.is_global_zero and self.trainer.log_dir and not self.trainer.fast_dev_run:
-            run = Path(self.trainer.log_dir)
+        # The logger's own directory: Trainer.log_dir would broadcast, and only rank zero gets here.
+        where = getattr(self.trainer.logger, "log_dir", None) or self._run_dir
+        if self.trainer.is_global_zero and where and not self.trainer.fast_dev_run:
+            run = Path(where)
             print(f"{what} saved to {run} (tensorboard --logdir {run.parent})", flush=True)
 
 
@@ -342,10 +344,6 @@ def _has_omegaconf() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _task_name(class_path: str) -> str:
-    return TASK_NAMES.get(class_path.rsplit(".", 1)[-1], class_path.rsplit(".", 1)[-1].lower())
 
 
 def _experiment_from(config) -> str:

@@ -27,7 +27,7 @@ import yaml
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
 from experiments.reliability.errors import SuiteError, jsonargparse_line
-from experiments.reliability.layout import TASK_NAMES
+from experiments.reliability.layout import task_name
 
 CONFIG_FLAGS = ("-c", "--config")
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
@@ -76,10 +76,7 @@ def read_config(path: str) -> dict[str, Any]:
 def _task_of(config: dict[str, Any]) -> str | None:
     model = config.get("model")
     class_path = model.get("class_path") if isinstance(model, dict) else model if isinstance(model, str) else None
-    if not class_path:
-        return None
-    name = str(class_path).rsplit(".", 1)[-1]
-    return TASK_NAMES.get(name, name)
+    return task_name(str(class_path)) if class_path else None
 
 
 def check_config_files(argv: Iterable[str]) -> None:

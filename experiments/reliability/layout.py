@@ -13,6 +13,7 @@ checkpoints unasked (:func:`claim_run_dir`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -33,6 +34,16 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,127}")
 NAME_RULE = "1-128 characters of letters, digits and . _ + = -, starting with a letter or digit"
 # What a finished or started fit leaves in its run directory; any of these means "this directory holds a run".
 RUN_ARTIFACTS = ("checkpoints", "summary.json", "config.yaml")
+
+
+def task_name(class_path: str) -> str:
+    """The short task name of a model class: its ``task`` attribute (a subclass keeps its task), else by name."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        task = getattr(getattr(importlib.import_module(module), name), "task", None)
+    except (ImportError, AttributeError, ValueError):
+        task = None
+    return task if isinstance(task, str) else TASK_NAMES.get(name, name.lower())
 
 
 def check_name(option: str, value: str) -> str:

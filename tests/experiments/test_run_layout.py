@@ -22,6 +22,7 @@ import yaml
 from experiments.__main__ import LIGHTNING_COMMANDS, TOOLS, usage
 from experiments.__main__ import main as suite_main
 from experiments.reliability.layout import RUN_MARKER
+from experiments.tasks import LanguageModeling
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,3 +184,32 @@ def test_hparams_tab_shows_the_scheme_first_and_the_metrics_as_columns(demo: Pat
     assert metrics[:3] == ["val/ppl", "test/ppl", "test/loss"]
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert start.hparams["norm_scheme"].string_value == "siamese"
+
+
+class SamplingLM(LanguageModeling):
+    """The LM task plus a file per prompt under ``<run>/samples``: a task whose predict writes files."""
+
+    def output_paths(self, stage: str, run_dir: Path) -> list[Path]:
+        return [run_dir / "samples"] if stage == "predict" else []
+
+    def predict_step(self, batch, batch_idx: int) -> list[str]:
+        texts = super().predict_step(batch, batch_idx)
+        out = Path(self.trainer.log_dir) / "samples"
+        out.mkdir(exist_ok=True)
+        (out / f"{batch_idx}.txt").write_text("\n".join(texts))
+        return texts
+
+
+def test_predict_files_are_not_replaced_without_overwrite(tmp_path: Path, corpus, capsys):
+    overlay = tmp_path / "sampling.yaml"
+    overlay.write_text("model:\n  class_path: tests.experiments.test_run_layout.SamplingLM\n")
+    args = lm("predict", corpus, f"--runs_root={tmp_path / 'runs'}", "-c", str(overlay),
+              "--model.init_args.max_new_tokens=2", "--data.init_args.num_prompts=1")  # fmt: skip
+    suite_main(args)
+    samples = tmp_path / "runs" / "lm" / "tiny" / "pre" / "samples"
+    (samples / "stale.txt").write_text("from an earlier predict")
+    line = error_line(args, capsys)
+    assert f"predict would overwrite {samples}" in line and "--overwrite" in line
+    assert (samples / "stale.txt").exists()
+    suite_main([*args, "--overwrite"])
+    assert sorted(p.name for p in samples.iterdir()) == ["0.txt"]  # replaced as asked, nothing stale left
