@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -90,6 +91,15 @@ def test_a_saved_evaluation_config_reruns_with_its_subcommand(sub: str, demo: Pa
     out = capsys.readouterr().out
     assert f"saved to {demo}" in out
     assert (demo / "config.yaml").read_bytes() == before  # fit's config is never replaced by another subcommand
+
+
+@pytest.mark.parametrize("sub", ["test", "predict"])
+def test_the_quickstart_evaluates_a_run_from_its_own_config(sub: str, demo: Path, capsys, caplog):
+    """README: ``python -m experiments test -c runs/lm/demo/siamese/config.yaml --ckpt_path last``."""
+    with caplog.at_level(logging.INFO):
+        suite_main([sub, "-c", str(demo / "config.yaml"), "--ckpt_path=last", "--model.init_args.max_new_tokens=2"])
+    assert f"--ckpt_path last: {sub} uses {demo / 'checkpoints'}" in caplog.text  # which checkpoint it took
+    assert f"saved to {demo}" in capsys.readouterr().out
 
 
 def test_a_saved_fit_config_reruns_under_a_new_name_and_never_over_its_run(demo: Path, capsys):
