@@ -14,13 +14,16 @@ readable sample instead, warns with the path, and counts the skip in shared memo
 total over all workers is visible (`num_broken_images`).
 """
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
 
 import warnings
 from pathlib import Path
+from typing import Annotated
 
 import lightning as L
 import torch
+from annotated_types import Ge, Interval
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image
 from timm.data import create_transform
@@ -69,9 +72,27 @@ class SkipBrokenImages(Dataset[tuple[torch.Tensor, int]]):
             if self.dataset.transform is not None:
                 image = self.dataset.transform(image)  # outside the try: a transform bug must still raise
             return image, target
-        raise RuntimeError(
-            f"{self.max_consecutive} unreadable images in a row from index {index} of {self.dataset.root}"
+        raise ValueError(
+            f"{self.max_consecutive} unreadable images in a row from index {index} of {self.dataset.root}; "
+            "valid: decodable image files (these may be truncated or not images)"
         )
+
+    def check_decodable(self) -> None:
+        """Decodes files from the start until one works; a one-line ValueError when none of the first
+        ``max_consecutive`` does (a folder of truncated files fails at setup, not deep in a worker)."""
+        last: tuple[str, BaseException] | None = None
+        for path, _ in self.dataset.samples[: self.max_consecutive]:
+            try:
+                self.dataset.loader(path)
+                return
+            except _DECODE_ERRORS as err:
+                last = (path, err)
+        if last is not None:
+            raise ValueError(
+                f"{self.dataset.root}: none of the first {self.max_consecutive} images can be decoded (e.g. "
+                f"{last[0]}: {str(last[1]).splitlines()[0] if str(last[1]) else type(last[1]).__name__}); "
+                "valid: decodable image files"
+            )
 
 
 class _ClassFolder(ImageFolder):
@@ -115,15 +136,15 @@ class ImageFolderDataModule(L.LightningDataModule):
     def __init__(
         self,
         root: str,
-        image_size: int = 224,
-        batch_size: int | None = None,
-        global_batch_size: int | None = None,
-        num_workers: int = 8,
+        image_size: Annotated[int, Ge(1)] = 224,
+        batch_size: Annotated[int, Ge(1)] | None = None,
+        global_batch_size: Annotated[int, Ge(1)] | None = None,
+        num_workers: Annotated[int, Ge(0)] = 8,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-        re_prob: float = 0.25,
-        color_jitter: float = 0.3,
+        re_prob: Annotated[float, Interval(ge=0, le=1)] = 0.25,
+        color_jitter: Annotated[float, Ge(0)] = 0.3,
         interpolation: str = "bicubic",
-        eval_crop_pct: float = 0.875,
+        eval_crop_pct: Annotated[float, Interval(gt=0, le=1)] = 0.875,
         pin_memory: bool = True,
         seed: int = 0,
     ) -> None:
@@ -226,7 +247,9 @@ class ImageFolderDataModule(L.LightningDataModule):
             raise ValueError(
                 f"{str(split_dir)!r} holds no images ({', '.join(IMG_EXTENSIONS)}) in its class directories"
             )
-        return SkipBrokenImages(folder)
+        dataset = SkipBrokenImages(folder)
+        dataset.check_decodable()
+        return dataset
 
     # ------------------------------------------------------------------------------------ lifecycle
 

@@ -11,16 +11,18 @@ augmentation (pad-and-crop, horizontal flip) plus normalization, all torchvision
 re-exported here.
 """
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
 
 import gzip
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge
 from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader
@@ -215,14 +217,14 @@ class EmbeddedImageDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        image_size: int = 32,
-        batch_size: int = 128,
-        num_workers: int = 0,
-        val_size: int = 5000,
+        image_size: Annotated[int, Ge(1)] = 32,
+        batch_size: Annotated[int, Ge(1)] = 128,
+        num_workers: Annotated[int, Ge(0)] = 0,
+        val_size: Annotated[int, Ge(1)] = 5000,
         augment: bool = True,
         seed: int = 1234,
         normalize: Literal["imagenet", "half"] = "imagenet",
-        limit_train: int | None = None,
+        limit_train: Annotated[int, Ge(1)] | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("image_size", image_size), ("batch_size", batch_size), ("val_size", val_size)):

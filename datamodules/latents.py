@@ -185,7 +185,8 @@ class LatentShards:
         if sum(counts) != self.meta.count:
             raise ValueError(f"{str(self.cache_dir)!r}: shard counts {counts} do not add up to {self.meta.count}")
         self.offsets = np.cumsum([0, *counts])  # shard k holds rows offsets[k]:offsets[k + 1]
-        self.labels = np.concatenate([np.load(self.cache_dir / s["labels"]) for s in self.meta.shards]).astype(np.int64)
+        labels = [np.load(self.cache_dir / s["labels"], allow_pickle=False) for s in self.meta.shards]
+        self.labels = np.concatenate(labels).astype(np.int64)
         self._latents: list[np.ndarray] | None = None
         self._flipped: list[np.ndarray] | None = None
 
@@ -198,7 +199,7 @@ class LatentShards:
 
     def _open(self) -> None:
         def load(name: str) -> np.ndarray:
-            array = np.load(self.cache_dir / name, mmap_mode="r")
+            array = np.load(self.cache_dir / name, mmap_mode="r", allow_pickle=False)
             if array.ndim != 4 or list(array.shape[1:]) != list(self.meta.latent_shape):
                 raise ValueError(f"{name}: shape {array.shape} does not match latent shape {self.meta.latent_shape}")
             return array

@@ -10,17 +10,19 @@ validation and test use a fixed set of evenly spaced windows, so their loss is c
 across runs and schemes.
 """
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
 
 import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import lightning as L
 import numpy as np
 import torch
+from annotated_types import Ge, Interval
 from torch.utils.data import DataLoader, Subset
 
 from datamodules.samplers import shard_over_ranks
@@ -75,18 +77,18 @@ class TextDataModule(L.LightningDataModule):
         source: str = "embedded",
         data_dir: str = "data/text",
         tokenizer: Literal["byte", "bpe"] = "byte",
-        bpe_vocab_size: int = 4096,
-        seq_len: int = 128,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
-        train_samples_per_epoch: int = 20000,
-        eval_samples: int = 256,
+        bpe_vocab_size: Annotated[int, Interval(ge=256, le=2**32 - 1)] = 4096,
+        seq_len: Annotated[int, Ge(1)] = 128,
+        batch_size: Annotated[int, Ge(1)] = 32,
+        num_workers: Annotated[int, Ge(0)] = 0,
+        val_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.05,
+        test_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.05,
+        train_samples_per_epoch: Annotated[int, Ge(1)] = 20000,
+        eval_samples: Annotated[int, Ge(1)] = 256,
         seed: int = 1234,
         prompts: list[str] | None = None,
-        num_prompts: int = 4,
-        prompt_len: int = 32,
+        num_prompts: Annotated[int, Ge(1)] = 4,
+        prompt_len: Annotated[int, Ge(1)] = 32,
     ) -> None:
         super().__init__()
         check_kind(tokenizer)

@@ -51,6 +51,17 @@ class TextTokenizer(Protocol):
     def load(cls, directory: str | Path) -> Self: ...
 
 
+def read_json_text(path: Path) -> str:
+    """A tokenizer file's text if it is a JSON object; a one-line ValueError naming the file otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if not isinstance(json.loads(text), dict):
+            raise ValueError("not a JSON object")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{str(path)!r} is not a JSON tokenizer file ({type(err).__name__}); re-create it") from None
+    return text
+
+
 def iter_chunks(text: str, chunk_chars: int = _CHUNK_CHARS) -> Iterator[str]:
     """Splits `text` into ~chunk_chars pieces at line starts; the pieces concatenate back to `text`."""
     start = 0
@@ -90,6 +101,8 @@ class ByteTokenizer:
         path = Path(directory) / BYTE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no byte tokenizer in {str(directory)!r}: {BYTE_FILE} is missing")
+        if json.loads(read_json_text(path)).get("kind") != "byte":
+            raise ValueError(f"{str(path)!r} does not describe a byte tokenizer (its 'kind' is not 'byte')")
         return cls()
 
 
@@ -149,10 +162,15 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> Self:
+        """Reads ``tokenizer.json``: JSON text only (nothing in it can run code), checked before HF parses it."""
         path = Path(directory) / BPE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no BPE tokenizer in {str(directory)!r}: {BPE_FILE} is missing")
-        return cls(Tokenizer.from_file(str(path)))
+        text = read_json_text(path)
+        try:
+            return cls(Tokenizer.from_str(text))
+        except Exception as err:  # noqa: BLE001 - the Rust library raises a bare Exception
+            raise ValueError(f"{str(path)!r} is not a tokenizers tokenizer.json: {str(err).splitlines()[0]}") from None
 
 
 _CLASSES: dict[str, type[ByteTokenizer] | type[BPETokenizer]] = {"byte": ByteTokenizer, "bpe": BPETokenizer}

@@ -1,36 +1,71 @@
 """``python -m experiments fit|validate|test|predict -c CONFIG [-c OVERLAY ...]``: the suite's LightningCLI.
 
-Every run is written to ``<runs_root>/<task>/<experiment>/<run_name>/`` (TensorBoard events, the
-resolved ``config.yaml``, checkpoints, ``summary.json``), so runs of one experiment under different
-norm schemes overlay in one TensorBoard view: ``tensorboard --logdir runs/lm/tiny``.
+Every run is written to ``<root>/<task>/<experiment>/<run_name>/`` (:mod:`experiments.reliability.layout`;
+root: ``--trainer.default_root_dir`` or ``--runs_root``): TensorBoard events, checkpoints, ``summary.json``
+and each subcommand's resolved config (``config.yaml`` from ``fit``, ``config.<subcommand>.yaml`` from the
+others; each reruns with ``python -m experiments <subcommand> -c <it>``). Runs of one experiment under
+different norm schemes overlay in one TensorBoard view: ``tensorboard --logdir runs/lm/tiny``.
 
-Every run also gets (see :mod:`experiments.reliability.checkpointing`): atomic checkpoint writes, a resumable
-``checkpoints/interrupted.ckpt`` on SIGTERM / Ctrl-C, exact resume (RNG states, data position) and a
-checked ``--ckpt_path`` ("last" = the newest readable checkpoint of the run; a truncated file falls
-back to the previous good one; a checkpoint of another shape or scheme is refused in one line).
-The run directory is checked for writability before anything is built.
+What a run may touch:
+    fit                       a fresh run directory, or the run it resumes (``--ckpt_path``); another run's
+                              directory only with ``--overwrite`` (and only one the suite made)
+    validate / test / predict the run directory of the checkpoint they evaluate (``.../<run>/checkpoints/x.ckpt``)
+                              unless ``--experiment`` / ``--run_name`` say otherwise; ``predict`` files are
+                              never replaced without ``--overwrite``
+
+Every run also gets (:mod:`experiments.reliability.checkpointing`): atomic checkpoint writes, checkpoints
+read with ``weights_only=True``, a resumable ``checkpoints/interrupted.ckpt`` on SIGTERM / Ctrl-C, exact
+resume and a checked ``--ckpt_path`` ("last" = the newest readable checkpoint of the run, naming the file
+it took; a named file is used as given or refused in one line). Configs and options are checked before
+anything is built (:mod:`experiments.reliability.config_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
+import shutil
+import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
+from jsonargparse import ActionYesNo, ArgumentError
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 
 from experiments.monitoring.divergence import DivergenceDetector
 from experiments.monitoring.summary import RunSummary
 from experiments.reliability.checkpointing import (
+    LIGHTNING_KEYWORDS,
     AtomicCheckpointIO,
     ExactResume,
     InterruptCheckpoint,
     check_checkpoint_fits,
     checkpoint_dir,
+    newest_readable,
     resolve_checkpoint,
 )
-from experiments.reliability.errors import OutputDirError
+from experiments.reliability.config_files import check_config_files, explain_parse_error
+from experiments.reliability.errors import OutputDirError, SuiteError
+from experiments.reliability.layout import (
+    NAME_PATTERN,
+    NAME_RULE,
+    check_name,
+    claim_run_dir,
+    mark,
+    refuse_existing,
+    run_dir_for,
+    run_dir_of_checkpoint,
+    task_name,
+)
+
+PROG = "python -m experiments"
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class SuiteCLI(LightningCLI):
@@ -38,11 +73,14 @@ class SuiteCLI(LightningCLI):
 
     def __init__(self, *args, **kwargs) -> None:
         self._run_dir: Path | None = None  # set while parsing, checked before the trainer is built
+        self._argv: list[str] = []
+        self._overwrite = False  # --overwrite as given (the saved config records false)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # config.<subcommand>.yaml: the latest one
         # Parse errors raise (and become one line in __main__) instead of printing usage and exiting.
-        parser_kwargs = {"exit_on_error": False, **({"parser_mode": "omegaconf"} if _has_omegaconf() else {})}
+        parser_kwargs = {"exit_on_error": False, "prog": PROG}
+        parser_kwargs |= {"parser_mode": "omegaconf"} if _has_omegaconf() else {}
         kwargs["parser_kwargs"] = {**parser_kwargs, **(kwargs.get("parser_kwargs") or {})}
         # Persistent callbacks: added to whatever callbacks the config lists.
         defaults = dict(kwargs.get("trainer_defaults") or {})
@@ -55,6 +93,9 @@ class SuiteCLI(LightningCLI):
         parser.add_argument("--runs_root", type=str, default="runs", help="where run directories are made")
         parser.add_argument("--experiment", type=str | None, default=None, help="defaults to the first config's name")
         parser.add_argument("--run_name", type=str | None, default=None, help="defaults to the norm scheme")
+        parser.add_argument(
+            "--overwrite", action=ActionYesNo, default=False, help="replace a run (fit) or outputs that exist"
+        )
         # Callbacks every run gets, configurable as --summary.* / --divergence.*
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(DivergenceDetector, "divergence")
@@ -70,37 +111,82 @@ class SuiteCLI(LightningCLI):
         ]:
             parser.link_arguments(source, target, apply_on="instantiate")
 
+    ############################################################## parsing
+
+    def parse_arguments(self, parser, args) -> None:
+        """Checks the ``-c`` files first, then parses; a parse error becomes one line naming its origin."""
+        given = sys.argv[1:] if args is None else args
+        argv = [str(a) for a in given] if isinstance(given, list | tuple) else []  # (a dict: nothing to scan)
+        self._argv = argv
+        check_config_files(argv)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            raise SuiteError(explain_parse_error(str(err), argv, _option_names(self, parser, argv))) from None
+
     def before_instantiate_classes(self) -> None:
-        """Names the run directory ``runs/<task>/<experiment>/<run_name>`` and points the default
-        TensorBoard logger and ``default_root_dir`` (checkpoints when no logger runs) at it."""
+        """Names the run directory (see :mod:`experiments.reliability.layout`) and records the experiment name
+        in the config, so the saved config reruns into the same experiment."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        subcommand = self.subcommand or "fit"
+        self._overwrite = bool(config.get("overwrite"))
+        config.overwrite = False  # asked for this once: a saved config never replaces anything on its own
+        if config.get("weights_only") is False:
+            raise SuiteError(
+                "--weights_only=false would let a checkpoint run code while it loads; valid: true or unset "
+                "(the suite's checkpoints hold tensors and plain data only)"
+            )
         trunk = config.model.init_args.get("trunk")
         scheme = trunk.norm_scheme if trunk is not None else "model"
-        task = _task_name(config.model.class_path)
-        experiment = config.experiment or _experiment_from(config)
-        version = config.run_name or scheme
-        self._run_dir = Path(config.runs_root) / task / experiment / version
-        if config.trainer.get("default_root_dir") is None:
-            config.trainer.default_root_dir = str(self._run_dir)
-        if config.trainer.get("logger") not in (None, True):
-            return  # the user configured loggers explicitly
-        config.trainer.logger = {
-            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-            "init_args": {
-                "save_dir": config.runs_root,
-                "name": f"{task}/{experiment}",
-                "version": version,
-                "default_hp_metric": False,
-            },
-        }
+        task = task_name(config.model.class_path)
+        named = config.experiment is not None or config.run_name is not None
+        ckpt = config.get("ckpt_path")
+        evaluated = _evaluated_run(subcommand, ckpt) if not named else None
+        if evaluated is not None:  # test / predict a checkpoint: write into its run, never another one
+            self._run_dir = evaluated
+            return
+        if config.experiment is not None:
+            experiment = check_name("--experiment", config.experiment)
+        else:
+            experiment = _experiment_from(config)
+            if not NAME_PATTERN.fullmatch(experiment):
+                raise SuiteError(
+                    f"the experiment name {experiment!r} (the first config's file name) is not a valid name; "
+                    f"valid: --experiment NAME ({NAME_RULE})"
+                )
+        config.experiment = experiment  # saved: a rerun from config.yaml lands in the same experiment
+        run_name = check_name("--run_name", config.run_name) if config.run_name is not None else scheme
+        root = config.trainer.get("default_root_dir") or config.runs_root
+        self._run_dir = run_dir_for(root, task, experiment, run_name)
+
+    ############################################################## the trainer
 
     def instantiate_trainer(self, **kwargs):
-        """The trainer, in a writable run directory, with atomic checkpoint writes unless plugins are configured."""
-        if self._run_dir is not None:
-            ensure_writable(self._run_dir)  # before anything is written or trained
-        config = self._get(self.config_init, "trainer", default={})
-        if config.get("plugins") is None and "plugins" not in kwargs:
+        """The trainer in the run directory: its logger, default_root_dir, the subcommand's config file name,
+        atomic checkpoint IO and a progress bar without Lightning's version number."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        run_dir = self._run_dir
+        if run_dir is not None:
+            if self.subcommand is not None:  # run=False (analysis, tests) only parses and builds
+                last = self.subcommand != "fit" and str(config.get("ckpt_path")) == "last"
+                if last and newest_readable(run_dir / "checkpoints") is None:  # the error, before anything is written
+                    resolve_checkpoint("last", run_dir / "checkpoints", stage=self.subcommand)
+                if self.subcommand == "fit":
+                    claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
+                ensure_writable(run_dir)
+                mark(run_dir, self.subcommand)
+            kwargs["default_root_dir"] = str(run_dir)
+            if trainer_config.get("logger") in (None, True) and "logger" not in kwargs:
+                kwargs["logger"] = TensorBoardLogger(
+                    save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False
+                )
+        filename = "config.yaml" if self.subcommand in (None, "fit") else f"config.{self.subcommand}.yaml"
+        self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": filename}
+        if trainer_config.get("plugins") is None and "plugins" not in kwargs:
             kwargs["plugins"] = [AtomicCheckpointIO()]
+        if trainer_config.get("enable_progress_bar") is not False and not _has_progress_bar(trainer_config):
+            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], _progress_bar()]
         return super().instantiate_trainer(**kwargs)
 
     def _parse_ckpt_path(self) -> None:
@@ -109,17 +195,76 @@ class SuiteCLI(LightningCLI):
         instead (:meth:`_check_ckpt_path`), so a saved config.yaml still says what ran."""
 
     def _check_ckpt_path(self) -> None:
-        """Resolves ``--ckpt_path`` (last / fallback past a corrupt file) and refuses a checkpoint that does not fit."""
+        """Resolves ``--ckpt_path`` ("last": the newest readable one) and refuses a checkpoint that does not fit."""
         config = self.config_init[self.subcommand]
         ckpt_path = config.get("ckpt_path")
         if ckpt_path is None:
+            if self.subcommand != "fit":
+                rank_zero_info(f"{self.subcommand}: no --ckpt_path given, so the untrained model is evaluated")
             return
-        resolved = resolve_checkpoint(str(ckpt_path), checkpoint_dir(self.trainer))
+        resolved = resolve_checkpoint(str(ckpt_path), checkpoint_dir(self.trainer), stage=self.subcommand)
         config["ckpt_path"] = resolved
+        config["weights_only"] = True
         if resolved is not None and Path(resolved).is_file():
-            check_checkpoint_fits(self.model, resolved, weights_only=config.get("weights_only"))
+            check_checkpoint_fits(self.model, resolved)
 
-    before_fit = before_validate = before_test = before_predict = _check_ckpt_path
+    def _check_outputs(self) -> None:
+        """Refuses to start when a file the task would write besides the run's own already exists (``--overwrite``
+        allows it; an output directory inside the run is then cleared first)."""
+        outputs = getattr(self.model, "output_paths", None)
+        if outputs is None or self._run_dir is None:
+            return
+        paths = [Path(p) for p in outputs(self.subcommand, self._run_dir)]
+        overwrite = self._overwrite
+        refuse_existing(paths, overwrite=overwrite, what=self.subcommand)
+        for path in paths:
+            if overwrite and path.is_dir() and self._run_dir.resolve() in path.resolve().parents:
+                clear_output_dir(path)
+
+    def _before_subcommand(self) -> None:
+        self._check_ckpt_path()
+        self._check_outputs()
+
+    before_fit = before_validate = before_test = before_predict = _before_subcommand
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Runs the subcommand; a full disk becomes one line naming the run directory and its newest good checkpoint."""
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException as err:
+            if self._run_dir is None or not _disk_full(err):
+                raise
+            newest = newest_readable(checkpoint_dir(self.trainer))
+            good = f"the newest good checkpoint is {newest} (it loads; --ckpt_path last resumes from it)"
+            raise OutputDirError(
+                f"disk full while writing to {self._run_dir}; {good if newest else 'no checkpoint was saved'}"
+            ) from err
+
+    def after_fit(self) -> None:
+        self._say_where("run")
+
+    def after_test(self) -> None:
+        self._say_where("test results")
+
+    def after_validate(self) -> None:
+        self._say_where("validation")
+
+    def after_predict(self) -> None:
+        self._say_where("predictions")
+
+    def _say_where(self, what: str) -> None:
+        # The logger's own directory: Trainer.log_dir would broadcast, and only rank zero gets here.
+        where = getattr(self.trainer.logger, "log_dir", None) or self._run_dir
+        if self.trainer.is_global_zero and where and not self.trainer.fast_dev_run:
+            run = Path(where)
+            print(f"{what} saved to {run} (tensorboard --logdir {run.parent})", flush=True)
+
+
+def clear_output_dir(output_dir: Path) -> None:
+    """Clears an output directory inside the run (``--overwrite``): renamed away first, then deleted."""
+    trash = output_dir.with_name(f".{output_dir.name}.replaced-{os.getpid()}")
+    os.replace(output_dir, trash)
+    shutil.rmtree(trash)
 
 
 def ensure_writable(run_dir: Path) -> None:
@@ -141,6 +286,58 @@ def ensure_writable(run_dir: Path) -> None:
             probe.unlink(missing_ok=True)
 
 
+def _evaluated_run(subcommand: str, ckpt: object) -> Path | None:
+    """The run directory of the checkpoint validate / test / predict evaluate, if it is a suite run's."""
+    if subcommand == "fit" or ckpt is None or str(ckpt) == "last" or str(ckpt) in LIGHTNING_KEYWORDS:
+        return None
+    return run_dir_of_checkpoint(str(ckpt))
+
+
+def _disk_full(err: BaseException | None) -> bool:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _DISK_FULL:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+class _NoVersionBar:
+    """Lightning's progress bar without ``v_num`` (the run name, already in the run directory's path)."""
+
+    def get_metrics(self, trainer, pl_module):
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
+class SuiteRichProgressBar(_NoVersionBar, RichProgressBar):
+    """Lightning's rich progress bar without ``v_num``."""
+
+
+class SuiteTQDMProgressBar(_NoVersionBar, TQDMProgressBar):
+    """Lightning's tqdm progress bar without ``v_num``."""
+
+
+def _progress_bar() -> ProgressBar:
+    from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+
+    return SuiteRichProgressBar() if _RICH_AVAILABLE else SuiteTQDMProgressBar()
+
+
+def _has_progress_bar(trainer_config) -> bool:
+    callbacks = trainer_config.get("callbacks") or []
+    return any(isinstance(c, ProgressBar) for c in (callbacks if isinstance(callbacks, list) else [callbacks]))
+
+
+def _option_names(cli: LightningCLI, parser, argv: list[str]) -> list[str]:
+    """Every ``--option`` of the subcommand being parsed (for "did you mean")."""
+    subcommand = next((a for a in argv if a in cli.subcommands()), None)
+    target = cli._subcommand_parsers.get(subcommand, parser) if subcommand else parser
+    return [s for action in target._actions for s in action.option_strings if s.startswith("--")]
+
+
 def _has_omegaconf() -> bool:
     try:
         import omegaconf  # noqa: F401
@@ -149,16 +346,38 @@ def _has_omegaconf() -> bool:
     return True
 
 
-def _task_name(class_path: str) -> str:
-    from experiments.reliability.layout import TASK_NAMES
-
-    return TASK_NAMES.get(class_path.rsplit(".", 1)[-1], class_path.rsplit(".", 1)[-1].lower())
-
-
 def _experiment_from(config) -> str:
     paths = config.get("config") or []
     return Path(str(paths[0])).stem if paths else "default"
 
 
+class _DropTips(logging.Filter):
+    """Drops Lightning's advertisements ("💡 Tip: ... litlogger / litmodels"): not the user's business."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "💡 Tip" not in record.getMessage()
+
+
+# Lightning warnings about its own internals or about what the suite does on purpose (EMA copies in eval mode,
+# resuming into a run's own checkpoint directory); anything about the user's config stays visible.
+QUIET_WARNINGS = (
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated",
+    r"Found \d+ module\(s\) in eval mode at the start of training",
+    r"Checkpoint directory .* exists and is not empty",
+    r"LightningCLI's args parameter is intended to run from within Python",
+)
+
+
+def quiet_lightning() -> None:
+    """Silences Lightning's advertisements and the known warnings listed in :data:`QUIET_WARNINGS`."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTips) for f in logger.filters):
+            logger.addFilter(_DropTips())
+    for pattern in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
 def main(args: list[str] | None = None) -> None:
+    quiet_lightning()
     SuiteCLI(args=args, save_config_callback=SaveConfigCallback)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -67,9 +69,22 @@ class LanguageModel(nn.Module):
         )
 
     @torch.no_grad()
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
-        """Samples ``max_new_tokens`` continuations of ``idx`` (``temperature=0`` is greedy)."""
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Tensor:
+        """Samples ``max_new_tokens`` continuations of ``idx`` (``temperature=0`` is greedy).
+
+        ``should_stop`` is asked before every token; once it says True the tokens so far are returned (a
+        run told to stop, e.g. by SIGTERM, does not finish a long generation first).
+        """
         for _ in range(max_new_tokens):
+            if should_stop is not None and should_stop():
+                break
             logits = self(idx[:, -self.max_seq_len :])[:, -1]  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)

@@ -12,9 +12,13 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from experiments.analysis.loading import AnalysisError, load_module, run_dir_of, validation_batches
+from experiments.analysis.loading import load_module, run_dir_of, validation_batches
 from experiments.analysis.logit_lens import logit_lens_table
 from experiments.analysis.pruning import plot_pruning, pruning_table
+from experiments.reliability.errors import OutputDirError, SuiteError
+from experiments.reliability.layout import refuse_existing
+
+OUTPUTS = {"prune": ("pruning.md", "pruning.csv", "pruning.png"), "logit-lens": ("logit_lens.md", "logit_lens.csv")}
 
 
 def _fmt(value) -> str:
@@ -43,11 +47,22 @@ def _describe(module: L.LightningModule, ckpt: Path, n: int) -> str:
     return f"{module.task} / {module.scheme}, {ckpt}, {n} validation batches"
 
 
+def output_dir(tool: str, args: argparse.Namespace) -> Path:
+    """``--out`` (default: the checkpoint's run directory), checked before any work: writable, and the tool's
+    files are not already there unless ``--overwrite``."""
+    out = args.out or run_dir_of(args.ckpt)
+    blocker = next((p for p in [out, *out.parents] if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise OutputDirError(f"--out {out}: {blocker} is a file, not a directory; valid: a directory path")
+    refuse_existing([out / name for name in OUTPUTS[tool]], args.overwrite, f"{tool} --out {out}")
+    return out
+
+
 def prune(args: argparse.Namespace, overrides: list[str]) -> list[Path]:
+    out = output_dir("prune", args)
     module, datamodule = load_module(args.ckpt, args.config, overrides, args.device)
     batches = validation_batches(datamodule, args.batches, args.device)
     rows = pruning_table(module, batches)
-    out = args.out or run_dir_of(args.ckpt)
     header = f"# Layer-pruning sensitivity: {_describe(module, args.ckpt, len(batches))}"
     markdown, paths = write_table(rows, out, "pruning", header)
     plot_pruning(rows, out / "pruning.png", f"{module.task} / {module.scheme}: baseline loss {rows[0]['loss']:.4f}")
@@ -56,12 +71,11 @@ def prune(args: argparse.Namespace, overrides: list[str]) -> list[Path]:
 
 
 def logit_lens(args: argparse.Namespace, overrides: list[str]) -> list[Path]:
+    out = output_dir("logit-lens", args)
     module, datamodule = load_module(args.ckpt, args.config, overrides, args.device, tasks=("lm",))
     batches = validation_batches(datamodule, args.batches, args.device)
     header = f"# Per-stream logit lens: {_describe(module, args.ckpt, len(batches))}"
-    markdown, paths = write_table(
-        logit_lens_table(module, batches), args.out or run_dir_of(args.ckpt), "logit_lens", header
-    )
+    markdown, paths = write_table(logit_lens_table(module, batches), out, "logit_lens", header)
     print(markdown)
     return paths
 
@@ -85,6 +99,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--config", action="append", default=[], help="config(s) instead of the run's config.yaml")
     parser.add_argument("--batches", type=int, default=8, help="validation batches evaluated")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the run directory)")
+    parser.add_argument("--overwrite", action="store_true", help="replace this tool's earlier tables and plot")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     parser.add_argument("--device", default=default_device, help=f"default: {default_device}")
     args, overrides = parser.parse_known_args(argv[1:])
@@ -92,7 +107,7 @@ def main(argv: list[str]) -> None:
         parser.error(f"--batches must be >= 1, got {args.batches}")
     try:
         paths = TOOLS[tool](args, overrides)
-    except AnalysisError as err:
+    except SuiteError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     for path in paths:

@@ -11,15 +11,17 @@ import warnings
 from pathlib import Path
 
 import lightning as L
-import torch
 import yaml
 from lightning.fabric.utilities.apply_func import move_data_to_device
+
+from experiments.reliability.errors import SuiteError
+from experiments.reliability.safe_load import load_checkpoint
 
 # Keys a saved ``fit`` config carries that the run-less CLI does not take.
 _SUBCOMMAND_KEYS = ("ckpt_path", "weights_only", "verbose", "return_predictions")
 
 
-class AnalysisError(Exception):
+class AnalysisError(SuiteError):
     """A user-facing problem, reported as one line (exit status 2)."""
 
 
@@ -57,6 +59,7 @@ def load_module(
 
     if not ckpt.is_file():
         raise AnalysisError(f"checkpoint {str(ckpt)!r} does not exist")
+    payload = load_checkpoint(ckpt)  # weights_only: a file that would run code is refused before anything else
     with tempfile.TemporaryDirectory() as tmp:
         if not configs:
             saved = run_dir_of(ckpt) / "config.yaml"
@@ -74,7 +77,6 @@ def load_module(
     task = getattr(cli.model, "task", type(cli.model).__name__)
     if task not in tasks:
         raise AnalysisError(f"{ckpt} is a {task!r} checkpoint; this tool takes {', '.join(tasks)} checkpoints")
-    payload = torch.load(ckpt, map_location="cpu", weights_only=False)
     try:
         cli.model.load_state_dict(payload["state_dict"])
     except (RuntimeError, KeyError) as err:

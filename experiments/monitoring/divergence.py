@@ -1,12 +1,15 @@
 """Loss divergence and spike detection: a run that blows up stops cleanly and says at which step."""
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
 
 import math
 from collections import deque
 from statistics import median
+from typing import Annotated
 
 import torch
+from annotated_types import Ge, Gt
 from lightning.pytorch.callbacks import Callback
 
 
@@ -28,11 +31,11 @@ class DivergenceDetector(Callback):
 
     def __init__(
         self,
-        window: int = 50,
-        spike_factor: float = 1.5,
-        diverge_factor: float = 4.0,
-        max_loss: float = float("inf"),
-        min_steps: int = 20,
+        window: Annotated[int, Ge(1)] = 50,
+        spike_factor: Annotated[float, Gt(1)] = 1.5,
+        diverge_factor: Annotated[float, Gt(1)] = 4.0,
+        max_loss: Annotated[float, Gt(0)] = float("inf"),
+        min_steps: Annotated[int, Ge(0)] = 20,
     ) -> None:
         self.window, self.spike_factor, self.diverge_factor = window, spike_factor, diverge_factor
         self.max_loss, self.min_steps = max_loss, min_steps

@@ -57,7 +57,7 @@ class RunSummary(Callback):
             self.train_curve.append((step, float(loss)))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or trainer.state.fn != "fit":  # a standalone validate keeps the fit's record
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         self.val_curve.append((trainer.global_step, metrics))

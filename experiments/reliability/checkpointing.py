@@ -2,11 +2,16 @@
 
     save:    torch.save -> <dir>/.<name>.<pid>.tmp -> fsync -> os.replace(<dir>/<name>)   (never half a file)
     resume:  --ckpt_path last | PATH
-               -> newest readable *.ckpt of the run (a truncated file is skipped with a warning)
+               last: the newest readable *.ckpt of the run (unreadable ones skipped; says which file it took;
+                     validate / test / predict with nothing to take is an error)
+               PATH: that file, or a one-line error naming what is wrong with it (never another file)
+               -> read with weights_only=True (experiments.reliability.safe_load): no code runs from it
                -> its state dict must fit the configured model (else: "checkpoint X was trained with ...")
                -> weights, optimizer, LR schedule, loops, callbacks (Lightning)
                   + global RNG states and the train sampler's position in its epoch (ExactResume)
-    stop:    SIGTERM / first Ctrl-C -> finish the current step -> <dir>/interrupted.ckpt -> exit 143 / 130
+    stop:    SIGTERM / first Ctrl-C -> fit: finish the current step -> <dir>/interrupted.ckpt -> exit 143 / 130
+                                    -> validate / test / predict: stop after the current batch (LM generation:
+                                       the current token) -> exit 143 / 130
 
 Lightning restores the module, optimizer, schedulers, loop progress and callback states on its own.
 It does not restore the global RNG, and it replays a plain DataLoader's epoch from its start; the
@@ -17,12 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import random
 import signal
 import threading
 import warnings
-import zipfile
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +36,12 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from experiments.reliability.errors import CheckpointError
+from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
 
 INTERRUPTED_NAME = "interrupted.ckpt"
 LIGHTNING_KEYWORDS = ("best", "hpc")  # ckpt_path values Lightning resolves itself
@@ -78,13 +82,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 ) from err
             raise
 
-    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if "://" not in str(path) and (problem := checkpoint_problem(path)):
-            raise CheckpointError(f"checkpoint {path} {problem}")
-        try:
-            return super().load_checkpoint(path, *args, **kwargs)  # map_location: CPU, as Lightning's
-        except (EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:  # damage the zip check cannot see
-            raise CheckpointError(f"checkpoint {path} cannot be read: {str(err).strip().splitlines()[0]}") from err
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """Loads with ``weights_only=True`` always (:func:`experiments.reliability.safe_load.load_checkpoint`)."""
+        if "://" in str(path):  # remote: fsspec, still without unpickling code
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        return load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -101,34 +103,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def checkpoint_problem(path: str | Path) -> str | None:
-    """Why ``path`` is not a readable checkpoint ("does not exist", "is truncated ..."), or None.
-
-    Cheap: reads the zip central directory torch.save writes at the end of the file, which a file cut
-    short lacks. A sharded (directory) checkpoint is not inspected.
-    """
-    path = Path(path)
-    if not path.exists():
-        return "does not exist"
-    if path.is_dir():
-        return None
-    size = path.stat().st_size
-    if size == 0:
-        return "is empty (0 bytes)"
-    try:
-        with zipfile.ZipFile(path) as archive:
-            infos = archive.infolist()
-    except zipfile.BadZipFile:
-        return f"is truncated or corrupt ({size} bytes, no zip directory at its end)"
-    except OSError as err:
-        return f"cannot be read ({err.strerror or err})"
-    if not any(info.filename.endswith("data.pkl") for info in infos):
-        return "is not a torch checkpoint (a zip file without data.pkl)"
-    if any(info.header_offset + info.compress_size > size for info in infos):
-        return f"is truncated ({size} bytes, shorter than its zip directory says)"
-    return None
-
-
 def newest_readable(directory: Path, exclude: Path | None = None) -> Path | None:
     """The most recently written readable ``*.ckpt`` in ``directory`` (``exclude`` aside)."""
     if not directory.is_dir():
@@ -142,18 +116,22 @@ def newest_readable(directory: Path, exclude: Path | None = None) -> Path | None
     return None
 
 
-def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> str | None:
-    """Turns ``--ckpt_path`` into a readable file, falling back to the previous good checkpoint.
+def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path, stage: str = "fit") -> str | None:
+    """Turns ``--ckpt_path`` into the file to load; "last" is the only value that picks a file itself.
 
     Args:
-        ckpt_path: "last" (the newest readable checkpoint of the run), a file, or a Lightning keyword.
+        ckpt_path: "last" (the newest readable checkpoint of the run, skipping unreadable ones, and saying
+            which file it took), a file (used as given, or an error), or a Lightning keyword.
         checkpoint_dir: the run's checkpoint directory, searched for "last".
+        stage: "fit" starts from scratch when "last" finds nothing (as in Lightning); validate, test and
+            predict need a trained model, so for them that is an error.
 
     Returns:
-        The path to load, or None when "last" finds nothing (the run starts from scratch, as in Lightning).
+        The path to load, or None when ``fit`` with "last" finds nothing.
 
     Raises:
-        CheckpointError: the path does not exist, or it is unreadable and no readable checkpoint is beside it.
+        CheckpointError: a named file is missing or unreadable (the message names the newest readable
+            checkpoint beside it, if any), or "last" found nothing to evaluate.
     """
     if ckpt_path in LIGHTNING_KEYWORDS or "://" in ckpt_path or ckpt_path.startswith("registry:"):
         return ckpt_path
@@ -161,24 +139,26 @@ def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> str | None:
         found = newest_readable(checkpoint_dir)
         broken = [p for p in checkpoint_dir.glob("*.ckpt") if checkpoint_problem(p)] if checkpoint_dir.is_dir() else []
         newer_broken = [p for p in broken if found is None or p.stat().st_mtime > found.stat().st_mtime]
-        if newer_broken:
-            names = ", ".join(p.name for p in newer_broken)
-            target = f"resuming from {found}" if found else "starting from scratch"
-            rank_zero_warn(f"skipped unreadable checkpoint(s) {names} in {checkpoint_dir}; {target}")
-        elif found is None:
-            rank_zero_warn(f"--ckpt_path=last: no checkpoint in {checkpoint_dir}; starting from scratch")
-        return str(found) if found else None
+        skipped = f" (skipped unreadable {', '.join(p.name for p in newer_broken)})" if newer_broken else ""
+        if found is None and stage != "fit":
+            raise CheckpointError(
+                f"--ckpt_path last: no readable checkpoint in {checkpoint_dir}{skipped}; {stage} needs a trained "
+                "model: give --ckpt_path PATH (or leave --ckpt_path out to evaluate an untrained model)"
+            )
+        if found is None:
+            rank_zero_warn(f"--ckpt_path last: no readable checkpoint in {checkpoint_dir}{skipped}; starting afresh")
+            return None
+        verb = "resuming from" if stage == "fit" else f"{stage} uses"
+        message = f"--ckpt_path last: {verb} {found}{skipped}"
+        (rank_zero_warn if newer_broken else rank_zero_info)(message)
+        return str(found)
     path = Path(ckpt_path)
     problem = checkpoint_problem(path)
     if problem is None:
         return str(path)
-    if problem == "does not exist":
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    fallback = newest_readable(path.parent, exclude=path)
-    if fallback is None:
-        raise CheckpointError(f"checkpoint {path} {problem}, and no readable checkpoint is beside it")
-    rank_zero_warn(f"checkpoint {path} {problem}; using the newest readable checkpoint beside it: {fallback}")
-    return str(fallback)
+    beside = newest_readable(path.parent, exclude=path) if problem != "does not exist" or path.parent.is_dir() else None
+    hint = f"; the newest readable checkpoint beside it is {beside} (or --ckpt_path last)" if beside else ""
+    raise CheckpointError(f"checkpoint {path} {problem}{hint}")
 
 
 #################################################################################
@@ -201,17 +181,13 @@ def _flat_hparams(hparams: Any) -> dict[str, Any]:
     return flat
 
 
-def check_checkpoint_fits(model: L.LightningModule, path: str, weights_only: bool | None = None) -> None:
+def check_checkpoint_fits(model: L.LightningModule, path: str) -> None:
     """Raises a one-line :class:`CheckpointError` when ``path``'s weights cannot load into ``model``.
 
     The message names the hyperparameters that differ, from the checkpoint's saved hparams:
     "checkpoint X was trained with norm_scheme=siamese, dim=64; this config has norm_scheme=pre, dim=32".
     """
-    try:
-        safe = True if weights_only is None else weights_only  # only tensors and plain data are unpickled here
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=safe)
-    except Exception:  # noqa: BLE001 - not loadable that way: Lightning's own load reports what is wrong
-        return
+    ckpt = load_checkpoint(path, mmap=True)  # tensors and plain data only
     state = ckpt.get("state_dict")
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds no 'state_dict'; it is not a Lightning checkpoint")
@@ -338,12 +314,14 @@ def checkpoint_dir(trainer: L.Trainer) -> Path:
 
 
 class InterruptCheckpoint(Callback):
-    """On SIGTERM or a first Ctrl-C during fit: finish the step, save ``interrupted.ckpt``, exit non-zero.
+    """On SIGTERM or a first Ctrl-C: stop at the next safe point, fit saves ``interrupted.ckpt``, exit non-zero.
 
-    Lightning turns SIGTERM into a ``SIGTERMException`` after the running step; a first SIGINT is
-    routed the same way (a second one interrupts at once). The checkpoint is written beside the run's
-    other checkpoints, so ``--ckpt_path last`` picks it up. A hard interrupt in the middle of a step
-    saves nothing: the last regular checkpoint is the resume point then.
+    Lightning turns SIGTERM into a ``SIGTERMException`` after the running training step or evaluation
+    batch; a first SIGINT is routed the same way (a second one interrupts at once). Lightning's predict
+    loop never looks at the flag, so this callback does after every predict batch, and a long generation
+    (the LM's ``predict``) reads :func:`stop_requested` between tokens. The fit checkpoint is written
+    beside the run's other checkpoints, so ``--ckpt_path last`` picks it up. A hard interrupt in the
+    middle of a step saves nothing: the last regular checkpoint is the resume point then.
     """
 
     def __init__(self) -> None:
@@ -351,12 +329,28 @@ class InterruptCheckpoint(Callback):
         self._previous_sigint: Any = None
         self._trainer: L.Trainer | None = None
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _route_sigint(self, trainer: L.Trainer) -> None:
         # After Lightning snapshots the signal handlers, so its teardown puts the original SIGINT handler
         # back on every exit path, exceptions included.
-        if threading.current_thread() is threading.main_thread():
+        if self._trainer is None and threading.current_thread() is threading.main_thread():
             self._trainer = trainer
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._route_sigint(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._route_sigint(trainer)  # (inside fit the handler is already in place)
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._route_sigint(trainer)
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._route_sigint(trainer)
+
+    def on_predict_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.received_sigterm:
+            raise SIGTERMException
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         trainer = self._trainer
@@ -373,9 +367,13 @@ class InterruptCheckpoint(Callback):
         self._trainer = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException | KeyboardInterrupt) or trainer.state.fn != "fit":
+        if not isinstance(exception, SIGTERMException | KeyboardInterrupt):
             return
         name = self.signal_name or ("SIGTERM" if isinstance(exception, SIGTERMException) else "SIGINT")
+        stage = trainer.state.fn.value if trainer.state.fn is not None else "run"  # fit / validate / test / predict
+        if stage != "fit":
+            exception.add_note(f"interrupted by {name} during {stage}; stopped after the current batch, no result")
+            return
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
         if progress.ready != progress.completed or trainer.global_step == 0:  # inside a step, or before the first
             exception.add_note(f"interrupted by {name} at step {trainer.global_step}; no checkpoint saved")
@@ -386,3 +384,8 @@ class InterruptCheckpoint(Callback):
             f"interrupted by {name} at step {trainer.global_step}; saved {path} (resume: the same command "
             "with --ckpt_path last)"
         )
+
+
+def stop_requested(trainer: L.Trainer | None) -> bool:
+    """True once SIGTERM or a first Ctrl-C asked the run to stop: long work inside one step checks it."""
+    return trainer is not None and bool(trainer.received_sigterm)

@@ -1,6 +1,11 @@
-"""What every task LightningModule shares: the trunk config, the optimizer, hparams with a metric."""
+"""What every task LightningModule shares: the trunk config, the optimizer, the TensorBoard HPARAMS row,
+and the files a stage writes besides the run directory's own (checked by the CLI before it starts)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -15,11 +20,14 @@ class TaskModule(L.LightningModule):
 
     Attributes:
         task: short task name ("lm", "vit", "dit", "vae"), used in run directories.
-        key_metric: the metric shown as the hparams column in TensorBoard (e.g. "val/ppl").
+        key_metric: the validation metric runs are compared by (e.g. "val/ppl"), the first metric column of
+            TensorBoard's HPARAMS tab; its test counterpart and ``test_metrics`` follow.
+        test_metrics: further metric columns (what ``test`` logs, e.g. "test/acc5").
     """
 
     task: str = "task"
     key_metric: str = "val/loss"
+    test_metrics: tuple[str, ...] = ()
 
     def __init__(self, trunk: TrunkConfig, optim: OptimConfig) -> None:
         super().__init__()
@@ -41,11 +49,41 @@ class TaskModule(L.LightningModule):
         if isinstance(ema, torch.nn.Module):
             ema.requires_grad_(False)
 
+    def hparams_columns(self) -> dict[str, Any]:
+        """The short HPARAMS set TensorBoard shows per run: what a comparison varies, the scheme first.
+
+        TensorBoard orders the columns by name, so every name after ``norm_scheme`` sorts after it; the full
+        hyperparameters stay in the run's ``hparams.yaml`` and ``config.yaml``.
+        """
+        trunk, optim = self.trunk_cfg, self.optim_cfg
+        seed = os.environ.get("PL_GLOBAL_SEED")  # what seed_everything set (display only)
+        return {
+            "norm_scheme": trunk.norm_scheme,
+            "optim/lr": optim.lr,
+            "optim/warmup_steps": optim.warmup_steps,
+            "seed": int(seed) if seed is not None else -1,
+            "trunk/depth": trunk.depth,
+            "trunk/dim": trunk.dim,
+        }
+
+    def hparams_metrics(self) -> list[str]:
+        """Metric columns of the HPARAMS tab: the key metric, its test counterpart, ``test/loss``, ``test_metrics``."""
+        names = [self.key_metric, self.key_metric.replace("val/", "test/", 1), "test/loss", *self.test_metrics]
+        return list(dict.fromkeys(names))
+
+    def output_paths(self, stage: str, run_dir: Path) -> list[Path]:
+        """Files or directories ``stage`` writes besides the run directory's events, checkpoints and configs.
+
+        The CLI refuses to start when one of them already exists (unless ``--overwrite``), so nothing is
+        replaced unasked; a task that writes such files (samples, an exported network) lists them here.
+        """
+        return []
+
     def on_fit_start(self) -> None:
-        # Register the key metric with the hparams plugin so runs compare in TensorBoard's HPARAMS tab.
+        # The HPARAMS row: the short column set, with the metrics registered (NaN until logged) as columns.
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.log_hyperparams(self.hparams, {self.key_metric: float("nan")})
+                logger.log_hyperparams(self.hparams_columns(), dict.fromkeys(self.hparams_metrics(), float("nan")))
 
     def training_step(self, batch, batch_idx: int):
         return self.model_step(batch, "train")

@@ -1,13 +1,19 @@
 """Causal language modeling: cross-entropy, perplexity, MoE auxiliary loss, text generation."""
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
+
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
+from experiments.reliability.checkpointing import stop_requested
 from experiments.tasks.base import TaskModule
 from experiments.tasks.optim import OptimConfig
 from models import LanguageModel, TrunkConfig
@@ -35,13 +41,13 @@ class LanguageModeling(TaskModule):
         self,
         trunk: TrunkConfig,
         optim: OptimConfig,
-        vocab_size: int = 256,
-        seq_len: int = 128,
+        vocab_size: Annotated[int, Ge(1)] = 256,
+        seq_len: Annotated[int, Ge(1)] = 128,
         tie_embeddings: bool = False,
-        moe_aux_weight: float = 0.01,
-        max_new_tokens: int = 200,
-        temperature: float = 0.8,
-        top_k: int | None = 40,
+        moe_aux_weight: Annotated[float, Ge(0)] = 0.01,
+        max_new_tokens: Annotated[int, Ge(1)] = 200,
+        temperature: Annotated[float, Ge(0)] = 0.8,
+        top_k: Annotated[int, Ge(1)] | None = 40,
     ) -> None:
         super().__init__(trunk, optim)
         self.save_hyperparameters()
@@ -70,7 +76,11 @@ class LanguageModeling(TaskModule):
 
     def predict_step(self, batch: Tensor, batch_idx: int) -> list[str]:
         """Continues each prompt (token ids ``(1, N)`` from the DataModule); prints and returns the text."""
-        out = self.net.generate(batch, self.hparams.max_new_tokens, self.hparams.temperature, self.hparams.top_k)
+        hp, trainer = self.hparams, self._trainer
+        stop = lambda: stop_requested(trainer)  # noqa: E731 - SIGTERM / Ctrl-C, checked between tokens
+        out = self.net.generate(batch, hp.max_new_tokens, hp.temperature, hp.top_k, should_stop=stop)
+        if stop():
+            raise SIGTERMException  # no half-generated sample is printed
         tokenizer = self.trainer.datamodule.tokenizer
         texts = [tokenizer.decode(row.tolist()) for row in out]
         for prompt, text in zip(batch, texts, strict=True):

@@ -1,11 +1,14 @@
 """AdamW with the usual no-decay groups, and linear warmup + cosine decay (stepped per update)."""
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from annotated_types import Ge, Gt, Interval
 from torch import nn
 
 
@@ -25,14 +28,14 @@ class OptimConfig:
         fused: fused AdamW kernel; None picks it on CUDA.
     """
 
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    warmup_epochs: float = 0.0
+    lr: Annotated[float, Gt(0)] = 1e-3
+    weight_decay: Annotated[float, Ge(0)] = 0.1
+    betas: tuple[Annotated[float, Interval(ge=0, lt=1)], Annotated[float, Interval(ge=0, lt=1)]] = (0.9, 0.95)
+    eps: Annotated[float, Gt(0)] = 1e-8
+    warmup_steps: Annotated[int, Ge(0)] = 0
+    warmup_epochs: Annotated[float, Ge(0)] = 0.0
     schedule: str = "cosine"
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: Annotated[float, Interval(ge=0, le=1)] = 0.1
     fused: bool | None = None
 
     def __post_init__(self) -> None:

@@ -1,9 +1,13 @@
 """Image classification with the DeiT recipe: Mixup/CutMix, label smoothing, drop-path, EMA, top-1/top-5."""
 
-from __future__ import annotations
+# Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
+# ``Annotated`` bounds while parsing only then.
+
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge, Interval
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
@@ -35,20 +39,21 @@ class ImageClassification(TaskModule):
 
     task = "vit"
     key_metric = "val/acc1"
+    test_metrics = ("test/acc5",)
 
     def __init__(
         self,
         trunk: TrunkConfig,
         optim: OptimConfig,
-        num_classes: int = 1000,
-        img_size: int = 224,
-        patch_size: int = 16,
-        drop_rate: float = 0.0,
-        mixup_alpha: float = 0.8,
-        cutmix_alpha: float = 1.0,
-        mixup_switch_prob: float = 0.5,
-        label_smoothing: float = 0.1,
-        ema_decay: float | None = None,
+        num_classes: Annotated[int, Ge(1)] = 1000,
+        img_size: Annotated[int, Ge(1)] = 224,
+        patch_size: Annotated[int, Ge(1)] = 16,
+        drop_rate: Annotated[float, Interval(ge=0, lt=1)] = 0.0,
+        mixup_alpha: Annotated[float, Ge(0)] = 0.8,
+        cutmix_alpha: Annotated[float, Ge(0)] = 1.0,
+        mixup_switch_prob: Annotated[float, Interval(ge=0, le=1)] = 0.5,
+        label_smoothing: Annotated[float, Interval(ge=0, lt=1)] = 0.1,
+        ema_decay: Annotated[float, Interval(gt=0, lt=1)] | None = None,
     ) -> None:
         super().__init__(trunk, optim)
         self.save_hyperparameters()

@@ -79,8 +79,8 @@ def test_meta_and_shards(cache32, vae_dir):
         "latents": "latents_00001.npy", "latents_flip": "latents_flip_00001.npy", "labels": "labels_00001.npy",
         "count": 16,
     }  # fmt: skip
-    assert np.load(cache32 / "latents_00002.npy").shape == (8, 4, 8, 8)
-    assert np.load(cache32 / "latents_00000.npy").dtype == np.float32
+    assert np.load(cache32 / "latents_00002.npy", allow_pickle=False).shape == (8, 4, 8, 8)
+    assert np.load(cache32 / "latents_00000.npy", allow_pickle=False).dtype == np.float32
     assert not list(cache32.glob("*.tmp*"))
 
 
@@ -88,7 +88,7 @@ def test_float16_default_round_trip(vae_dir, embedded_images, tmp_path):
     images, _ = embedded_images
     encode(vae_dir, tmp_path / "f16")
     shards = LatentShards(tmp_path / "f16")
-    assert np.load(tmp_path / "f16" / "latents_00000.npy").dtype == np.float16
+    assert np.load(tmp_path / "f16" / "latents_00000.npy", allow_pickle=False).dtype == np.float16
     torch.testing.assert_close(stacked(shards), reference_latents(vae_dir, images), atol=2e-3, rtol=2e-3)
 
 

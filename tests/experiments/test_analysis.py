@@ -154,3 +154,30 @@ def test_logit_lens_refuses_a_vit_checkpoint(tmp_path: Path, capsys):
     argv = ["logit-lens", "--ckpt", str(ckpt), "--config", str(ROOT / "configs/vit/tiny.yaml")]
     err = _one_line_error(argv + ["--model.init_args.trunk.depth=1", "--model.init_args.trunk.dim=16"], capsys)
     assert "'vit' checkpoint" in err and "takes lm" in err
+
+
+def test_outputs_are_not_replaced_unasked_and_out_under_a_file_is_one_line(run_dir: Path, tmp_path: Path, capsys):
+    ckpt = str(run_dir / "checkpoints" / "last.ckpt")
+    out = tmp_path / "prune"
+    analysis_cli.main(["prune", "--ckpt", ckpt, "--batches", "1", "--out", str(out), "--device", "cpu"])
+    before = (out / "pruning.csv").read_text()
+    capsys.readouterr()
+    err = _one_line_error(["prune", "--ckpt", ckpt, "--batches", "1", "--out", str(out)], capsys)
+    assert f"would overwrite {out / 'pruning.md'}" in err and "--overwrite" in err
+    assert (out / "pruning.csv").read_text() == before
+    analysis_cli.main(["prune", "--ckpt", ckpt, "--batches", "2", "--out", str(out), "--overwrite", "--device", "cpu"])
+    assert (out / "pruning.csv").read_text() != before  # two batches now: replaced as asked
+    (tmp_path / "a-file").write_text("")
+    err = _one_line_error(["logit-lens", "--ckpt", ckpt, "--out", str(tmp_path / "a-file" / "sub")], capsys)
+    assert f"{tmp_path / 'a-file'} is a file" in err
+
+
+def test_prune_and_logit_lens_explain_themselves_differently(capsys):
+    texts = []
+    for tool in ("prune", "logit-lens"):
+        with pytest.raises(SystemExit):
+            analysis_cli.main([tool, "--help"])
+        texts.append(capsys.readouterr().out)
+    assert texts[0] != texts[1] and "pruning.md" in texts[0] and "logit_lens.md" in texts[1]
+    assert texts[0].startswith("usage: python -m experiments prune")
+    assert texts[1].startswith("usage: python -m experiments logit-lens")

@@ -66,20 +66,46 @@ def error_line(args: list[str], capsys) -> str:
         (["--model.init_args.trunk.norm_scheme=bogus"], ["norm_scheme 'bogus'", "valid: pre, post", "siamese"]),
         (["--model.init_args.trunk.norm_layer=batchnorm"], ["norm_layer 'batchnorm'", "valid: layernorm, rmsnorm"]),
         (["--model.init_args.trunk.num_heads=5"], ["dim 32 is not divisible by num_heads 5"]),
-        (["--model.init_args.optim.lr=-0.001"], ["optim.lr must be positive, got -0.001"]),
-        (["--data.init_args.batch_size=0"], ["batch_size=0 must be a positive integer"]),
+        (["--model.init_args.optim.lr=-0.001"], ["model.init_args.optim.lr=-0.001 (command line); valid: > 0"]),
+        (["--data.init_args.batch_size=0"], ["data.init_args.batch_size=0 (command line); valid: >= 1"]),
         (["--trainer.max_steps=abc"], ["trainer.max_steps: expected int, got abc"]),
         (["--model.init_args.trunk.nope=1"], ["unrecognized arguments: --trunk.nope=1"]),
-        (["-c", "/nonexistent/overlay.yaml"], ["File does not exist: '/nonexistent/overlay.yaml'"]),
+        (["-c", "/nonexistent/overlay.yaml"], ["config file /nonexistent/overlay.yaml does not exist"]),
         (["--ckpt_path=/nonexistent/last.ckpt"], ["checkpoint /nonexistent/last.ckpt does not exist"]),
+        (["--model.init_args.top_k=0"], ["model.init_args.top_k=0 (command line); valid: >= 1 or null"]),
+        (["--model.init_args.temperature=-0.5"], ["model.init_args.temperature=-0.5 (command line); valid: >= 0"]),
+        (["--trainer.max_stepz=5"], ["arguments: --trainer.max_stepz=5", "did you mean --trainer.max_steps?"]),
+        (["--model.init_args.temprature=0.5"], ["'temprature' is not", "did you mean --model.init_args.temperature?"]),
+        (["--data.init_args.batch_sise=4"], ["did you mean --data.init_args.batch_size?"]),
+        (["-c", str(ROOT / "configs/vit/tiny.yaml")], [f"config {ROOT / 'configs/vit/tiny.yaml'} is a 'vit' config but",
+                                                       "configs/lm/tiny.yaml is a 'lm' config"]),
+        (["--weights_only=false"], ["--weights_only=false would let a checkpoint run code"]),
     ],
-    ids=["scheme", "norm-layer", "heads", "lr", "batch-size", "not-an-int", "unknown-key", "no-config", "no-ckpt"],
-)
+    ids=["scheme", "norm-layer", "heads", "lr", "batch-size", "not-an-int", "unknown-key", "no-config", "no-ckpt",
+         "top-k", "temperature", "typo-trainer", "typo-model", "typo-data", "two-tasks", "weights-only"],
+)  # fmt: skip
 def test_bad_config_value(extra: list[str], needles: list[str], tmp_path: Path, corpus, capsys):
     line = error_line(lm(tmp_path, corpus, *extra), capsys)
     for needle in needles:
         assert needle in line, line
     assert not (tmp_path / "runs").exists() or extra[0].startswith("--ckpt_path")  # failed before any run dir
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("trainer:\n  max_steps: [1\n", "is not valid YAML at line 3"),
+        ("", "is empty"),
+        ("- a\n- b\n", "holds a YAML list"),
+    ],
+    ids=["syntax", "empty", "a-list"],
+)
+def test_a_broken_config_file_is_named(content: str, needle: str, tmp_path: Path, corpus, capsys):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(content)
+    line = error_line(lm(tmp_path, corpus, "-c", str(overlay)), capsys)
+    assert f"config {overlay} {needle}" in line
+    assert not (tmp_path / "runs").exists()
 
 
 #################################################################################
@@ -129,6 +155,16 @@ def test_missing_or_empty_image_folder(layout: str, tmp_path: Path, capsys):
     line = error_line(image_args(tmp_path, root), capsys)
     expected = f"ImageFolder root '{root}' does not exist" if layout == "missing" else f"'{root / 'train'}' is missing"
     assert expected in line and "train/ and val/" in line
+
+
+def test_an_image_folder_whose_every_image_is_truncated_is_one_line(tmp_path: Path, capsys):
+    root = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (root / split / cls).mkdir(parents=True)
+            (root / split / cls / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    line = error_line(image_args(tmp_path, root, "--trainer.fast_dev_run=1"), capsys)
+    assert f"{root / 'train'}: none of the first 32 images can be decoded" in line and "0.png" in line
 
 
 def test_unreadable_images_are_skipped_and_counted(tmp_path: Path, recwarn):

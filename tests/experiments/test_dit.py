@@ -113,7 +113,7 @@ def test_fit_then_test_reports_fid_with_backend(tmp_path: Path, latent_cache: Pa
     ckpt = tmp_path / "dit" / "tiny" / "siamese" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     # The sample grid loaded the VAE; it must not have entered the checkpoint.
-    assert not [k for k in torch.load(ckpt, weights_only=False)["state_dict"] if "vae" in k]
+    assert not [k for k in torch.load(ckpt, weights_only=True)["state_dict"] if "vae" in k]
     fid = ["--model.init_args.fid_samples=8", "--model.init_args.fid_real_images=16",
            "--model.init_args.sample_steps=3", "--model.init_args.fid_batch_size=8",
            "--trainer.limit_test_batches=1"]  # fmt: skip

@@ -130,7 +130,7 @@ def truncate(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
-def test_truncated_last_falls_back_to_the_previous_good_checkpoint(tmp_path: Path, corpus, interrupted_run: Path):
+def test_last_skips_a_truncated_checkpoint_and_says_which_file_it_took(tmp_path: Path, corpus, interrupted_run: Path):
     runs = tmp_path / "runs"
     shutil.copytree(interrupted_run, runs)
     ckpts = run_dir(runs) / "checkpoints"
@@ -141,11 +141,30 @@ def test_truncated_last_falls_back_to_the_previous_good_checkpoint(tmp_path: Pat
     assert "truncated" in checkpoint_problem(last)
     with pytest.raises(CheckpointError, match="truncated"):
         AtomicCheckpointIO().load_checkpoint(last)
-    with pytest.warns(UserWarning, match=f"skipped unreadable checkpoint.*{last.name}.*resuming from .*{good.name}"):
+    took = rf"--ckpt_path last: resuming from {good} \(skipped unreadable {last.name}\)"
+    with pytest.warns(UserWarning, match=took):
         assert resolve_checkpoint("last", ckpts) == str(good)
-    with pytest.warns(UserWarning, match=f"{last}.*truncated.*newest readable checkpoint beside it: .*{good.name}"):
-        main(lm_args(runs, corpus, *RESUME_ARGS, f"--trainer.max_steps={good_step + 1}", f"--ckpt_path={last}"))
+    with pytest.warns(UserWarning, match=took):
+        main(lm_args(runs, corpus, *RESUME_ARGS, f"--trainer.max_steps={good_step + 1}", "--ckpt_path=last"))
     assert summary(runs)["steps"] == good_step + 1  # resumed from the good checkpoint, not from scratch
+
+
+def test_a_named_unreadable_checkpoint_is_refused_and_names_the_good_one(
+    tmp_path: Path, corpus, interrupted_run: Path, capsys
+):
+    runs = tmp_path / "runs"
+    shutil.copytree(interrupted_run, runs)
+    ckpts = run_dir(runs) / "checkpoints"
+    last, good = ckpts / "last.ckpt", next(ckpts.glob("epoch=*.ckpt"))
+    truncate(last)
+    before = summary(runs)
+    with pytest.raises(SystemExit) as exit_info:
+        main(lm_args(runs, corpus, *RESUME_ARGS, f"--trainer.max_steps={2 * K}", f"--ckpt_path={last}"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert f"checkpoint {last} is truncated" in line and f"newest readable checkpoint beside it is {good}" in line
+    assert summary(runs) == before  # nothing trained, nothing written
 
 
 def test_truncated_checkpoint_without_fallback_is_one_line(tmp_path: Path, corpus, interrupted_run: Path, capsys):
@@ -158,7 +177,20 @@ def test_truncated_checkpoint_without_fallback_is_one_line(tmp_path: Path, corpu
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
-    assert str(lone) in line and "truncated" in line and "no readable checkpoint" in line
+    assert str(lone) in line and "truncated" in line and "beside it" not in line
+
+
+@pytest.mark.parametrize("sub", ["validate", "test", "predict"])
+def test_evaluating_last_without_a_checkpoint_is_an_error(sub: str, tmp_path: Path, corpus, capsys):
+    args = [sub, *lm_args(tmp_path / "runs", corpus, "--ckpt_path=last")[1:]]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert f"--ckpt_path last: no readable checkpoint in {run_dir(tmp_path / 'runs') / 'checkpoints'}" in line
+    assert f"{sub} needs a trained model" in line
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
 
 
 def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path: Path):

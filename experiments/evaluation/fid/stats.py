@@ -151,7 +151,7 @@ def load_real_stats(path: str | Path, backend: str | None = None) -> RealStats:
             f"`python -m experiments fid REAL_IMAGES REAL_IMAGES --save-real-stats {path}` "
             "or experiments.evaluation.fid.real_stats_for(path, metric, backend, images=...)"
         )
-    with np.load(path) as data:
+    with np.load(path, allow_pickle=False) as data:
         stored = str(data["backend"])
         if backend is not None and stored != backend:
             raise ValueError(f"FID stats {path} were made with backend {stored!r}, not {backend!r}")

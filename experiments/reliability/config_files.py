@@ -1,0 +1,313 @@
+"""Config files and options checked before anything is built, each problem one line naming where it came from.
+
+    -c FILE ...   every file: valid YAML (the line of a syntax error), not empty, a mapping; no two of
+                  them naming different tasks (an LM config with a ViT config stacked on it)
+    a bad value   ``model.init_args.top_k=0 (configs/lm/tiny.yaml); valid: >= 1``: the bounds come from the
+                  ``Annotated[int, Ge(1)]`` in the class signature (jsonargparse checks them while parsing)
+    a typo        ``--trainer.max_stepz``: "did you mean --trainer.max_steps?"
+
+The origin of a value is the last source that set it, in command-line order: a ``-c`` file or an option
+(``command line``); a value nobody set is the class default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import inspect
+import re
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from annotated_types import Ge, Gt, Interval, Le, Lt
+
+from experiments.reliability.errors import SuiteError, jsonargparse_line
+from experiments.reliability.layout import task_name
+
+CONFIG_FLAGS = ("-c", "--config")
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_INPUT_VALUE = re.compile(r"input_value=('(?:[^'\\]|\\.)*'|[^,\]]+)")
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
+
+
+#################################################################################
+#                               The -c files                                     #
+#################################################################################
+
+
+def config_paths(argv: Iterable[str]) -> list[str]:
+    """The files given with ``-c FILE`` / ``--config FILE`` / ``--config=FILE``, in order."""
+    args, paths = list(argv), []
+    for i, arg in enumerate(args):
+        if arg in CONFIG_FLAGS and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif arg.startswith(("--config=", "-c=")):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """A config file as a mapping; a one-line :class:`SuiteError` naming the file if it is not one."""
+    file = Path(path)
+    if not file.is_file():
+        raise SuiteError(f"config file {path} does not exist" if not file.exists() else f"config {path} is not a file")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SuiteError(f"config {path} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise SuiteError(f"config {path} is not UTF-8 text") from None
+    if data is None:
+        raise SuiteError(f"config {path} is empty; valid: a YAML mapping of options (see configs/lm/tiny.yaml)")
+    if not isinstance(data, dict):
+        raise SuiteError(f"config {path} holds a YAML {type(data).__name__}, not a mapping of options")
+    return data
+
+
+def _task_of(config: dict[str, Any]) -> str | None:
+    model = config.get("model")
+    class_path = model.get("class_path") if isinstance(model, dict) else model if isinstance(model, str) else None
+    return task_name(str(class_path)) if class_path else None
+
+
+def check_config_files(argv: Iterable[str]) -> None:
+    """Reads every ``-c`` file once (see :func:`read_config`) and refuses two files of different tasks."""
+    first: tuple[str, str] | None = None
+    for path in config_paths(argv):
+        task = _task_of(read_config(path))
+        if task is None:
+            continue  # an overlay: scheme, trainer, sizes
+        if first is None:
+            first = (path, task)
+        elif task != first[1]:
+            raise SuiteError(
+                f"config {path} is a {task!r} config but {first[0]} is a {first[1]!r} config: one run trains one task; "
+                "valid: one task config plus overlays (configs/norm/*.yaml, configs/trainer/*.yaml)"
+            )
+
+
+#################################################################################
+#                        Where a value came from                                 #
+#################################################################################
+
+
+def _sets(config: Any, parts: list[str]) -> bool:
+    """Whether the nested mapping ``config`` holds the dotted key (``init_args`` may be left out in YAML)."""
+    if not parts:
+        return True
+    if not isinstance(config, dict):
+        return False
+    head, rest = parts[0], parts[1:]
+    if head in config:
+        return _sets(config[head], rest)
+    return head == "init_args" and _sets(config, rest)
+
+
+def origin_of(key: str, argv: Iterable[str]) -> str:
+    """The last source in ``argv`` that set ``key``: a config file, "command line", or "default"."""
+    args, origin = list(argv), "default"
+    parts = key.split(".")
+    for i, arg in enumerate(args):
+        if arg in CONFIG_FLAGS and i + 1 < len(args):
+            try:
+                if _sets(read_config(args[i + 1]), parts):
+                    origin = args[i + 1]
+            except SuiteError:
+                continue
+        elif arg.startswith("--") and not arg.startswith("--config"):
+            option = arg[2:].split("=", 1)[0]
+            short = option.replace(".init_args.", ".")
+            if key == option or key.startswith(option + ".") or key.replace(".init_args.", ".") == short:
+                origin = "command line"
+    return origin
+
+
+#################################################################################
+#                     Bounds declared in class signatures                        #
+#################################################################################
+
+
+def _describe_bound(meta: Any) -> str | None:
+    if isinstance(meta, Interval):
+        low = (meta.ge, "[") if meta.ge is not None else (meta.gt, "(")
+        high = (meta.le, "]") if meta.le is not None else (meta.lt, ")")
+        if low[0] is not None and high[0] is not None:
+            return f"in {low[1]}{low[0]}, {high[0]}{high[1]}"
+        meta = next(iter(meta))  # one-sided: the single bound it holds
+    for kind, sign in ((Ge, ">="), (Gt, ">"), (Le, "<="), (Lt, "<")):
+        if isinstance(meta, kind):
+            return f"{sign} {next(iter(dataclasses.astuple(meta)))}"
+    return None
+
+
+def bound_text(annotation: Any) -> str | None:
+    """ "in [0, 1)", ">= 1 or null" ... for an ``Annotated`` type (optionally inside ``X | None``)."""
+    nullable = False
+    if typing.get_origin(annotation) is tuple:  # (0.9, 0.95)-style pairs: the bound of an element
+        annotation = next(iter(typing.get_args(annotation)), annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        nullable = type(None) in args
+        annotation = next((a for a in args if a is not type(None)), annotation)
+    if typing.get_origin(annotation) is not typing.Annotated:
+        return None
+    texts = [t for meta in annotation.__metadata__ if (t := _describe_bound(meta))]
+    if not texts:
+        return None
+    return " and ".join(texts) + (" or null" if nullable else "")
+
+
+def _hints(target: Any) -> dict[str, Any]:
+    function = target.__init__ if inspect.isclass(target) else target
+    try:
+        return typing.get_type_hints(function, include_extras=True)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: no bound to report
+        return {}
+
+
+def _import(class_path: str) -> Any:
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _resolve(key: str, argv: list[str]) -> tuple[Any, str] | None:
+    """(class or dataclass, field) that ``key`` (``model.init_args.trunk.norm_eps``) ends in, if importable."""
+    parts = key.split(".")
+    if not parts or parts[0] not in ("model", "data"):
+        return None
+    target = _import(_class_path(parts[0], argv) or "")
+    fields = [p for p in parts[1:] if p != "init_args"]
+    for depth, field in enumerate(fields):
+        if target is None:
+            return None
+        if depth == len(fields) - 1:
+            return target, field
+        annotation = _hints(target).get(field)
+        args = typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Annotated else ()
+        target = next((a for a in (annotation, *args) if inspect.isclass(a) and dataclasses.is_dataclass(a)), None)
+    return None
+
+
+def _class_path(section: str, argv: list[str]) -> str | None:
+    found = None
+    for path in config_paths(argv):
+        try:
+            value = read_config(path).get(section)
+        except SuiteError:
+            continue
+        class_path = value.get("class_path") if isinstance(value, dict) else value if isinstance(value, str) else None
+        found = class_path or found
+    for arg in argv:
+        if arg.startswith(f"--{section}.class_path=") or (arg.startswith(f"--{section}=") and "{" not in arg):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def declared_bound(key: str, argv: list[str]) -> str | None:
+    """The bound the class signature declares for ``key``, as text; None if there is none or it is unknown."""
+    resolved = _resolve(key, argv)
+    if resolved is None:
+        return None
+    target, field = resolved
+    return bound_text(_hints(target).get(field))
+
+
+#################################################################################
+#                        Parse errors as one line                                #
+#################################################################################
+
+_PYDANTIC_WORDS = [
+    ("greater than or equal to", ">="),
+    ("less than or equal to", "<="),
+    ("greater than", ">"),
+    ("less than", "<"),
+]
+
+
+def _pydantic_bound(text: str) -> str | None:
+    match = re.search(r"Input should be ([^\[\n]+?)\s*(?:\[|$)", text, re.M)
+    if not match:
+        return None
+    phrase = match[1].strip()
+    for words, sign in _PYDANTIC_WORDS:
+        if phrase.startswith(words):
+            return f"{sign} {phrase[len(words) :].strip()}"
+    return phrase
+
+
+def explain_parse_error(text: str, argv: list[str], candidates: Iterable[str] = ()) -> str:
+    """The one line for a jsonargparse error report: the bad value with its origin and what would be valid.
+
+    Args:
+        text: the error's message.
+        argv: the command line (after the subcommand), for the origin of a value and the classes in play.
+        candidates: option names (``--trainer.max_steps``) a misspelt one is compared with.
+    """
+    keys = _PARSER_KEY.findall(text)
+    bound = _pydantic_bound(text)
+    if keys and bound is not None:
+        key = _full_key(keys)
+        value = _INPUT_VALUE.search(text)
+        shown = value[1].strip("'") if value else "?"
+        valid = declared_bound(key, argv) or bound
+        return f"{key}={shown} ({origin_of(key, argv)}); valid: {valid}"
+    line = jsonargparse_line(text)
+    if match := _UNRECOGNIZED.search(line):
+        bad = match[1].split()[0].split("=", 1)[0]
+        return line + _did_you_mean(bad, candidates, argv)
+    if match := _NOT_ACCEPTED.search(line):
+        section = keys[0].split(".")[0] if keys else line.split(":", 1)[0]
+        return line + _did_you_mean(f"--{section}.init_args.{match[1]}", candidates, argv)
+    return line
+
+
+def _full_key(keys: list[str]) -> str:
+    """``model.init_args.optim.lr`` from jsonargparse's nested report keys ``["model", "optim.lr"]``."""
+    if len(keys) >= 2 and keys[0] in ("model", "data"):
+        inner = keys[-1] if keys[-1].startswith("init_args.") else f"init_args.{keys[-1]}"
+        return f"{keys[0]}.{inner}"
+    return keys[-1]
+
+
+def class_options(section: str, argv: list[str], prefix: str | None = None) -> list[str]:
+    """``--model.init_args.<param>`` for every parameter of the configured class, nested dataclasses included."""
+    target = _import(_class_path(section, argv) or "")
+    if target is None:
+        return []
+    options, prefix = [], prefix or f"--{section}.init_args"
+    for name, annotation in _hints(target).items():
+        if name == "return":
+            continue
+        options.append(f"{prefix}.{name}")
+        nested = typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Annotated else ()
+        for cls in (annotation, *nested):
+            if inspect.isclass(cls) and dataclasses.is_dataclass(cls):
+                options += [f"{prefix}.{name}.{f.name}" for f in dataclasses.fields(cls)]
+    return options
+
+
+def _did_you_mean(bad: str, candidates: Iterable[str], argv: list[str]) -> str:
+    """ "; did you mean --trainer.max_steps?" when an option of the same section is spelt almost alike."""
+    pool = [*candidates, *class_options("model", argv), *class_options("data", argv)]
+    parent, _, leaf = bad.lstrip("-").rpartition(".")
+    siblings: dict[str, str] = {}
+    for option in pool:
+        name = option.lstrip("-")
+        for form in {name, name.replace(".init_args.", ".")}:  # jsonargparse may report --trunk.x for model's
+            form_parent, _, form_leaf = form.rpartition(".")
+            if form_parent == parent or form_parent.endswith(f".{parent}"):
+                siblings.setdefault(form_leaf, option)
+    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.75)
+    return f"; did you mean {siblings[close[0]]}?" if close else ""
