@@ -80,7 +80,6 @@ class SuiteCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # config.<subcommand>.yaml: the latest one
         # Parse errors raise (and become one line in __main__) instead of printing usage and exiting.
         parser_kwargs = {"exit_on_error": False, "prog": PROG}
-        parser_kwargs |= {"parser_mode": "omegaconf"} if _has_omegaconf() else {}
         kwargs["parser_kwargs"] = {**parser_kwargs, **(kwargs.get("parser_kwargs") or {})}
         # Persistent callbacks: added to whatever callbacks the config lists.
         defaults = dict(kwargs.get("trainer_defaults") or {})
@@ -336,14 +335,6 @@ def _option_names(cli: LightningCLI, parser, argv: list[str]) -> list[str]:
     subcommand = next((a for a in argv if a in cli.subcommands()), None)
     target = cli._subcommand_parsers.get(subcommand, parser) if subcommand else parser
     return [s for action in target._actions for s in action.option_strings if s.startswith("--")]
-
-
-def _has_omegaconf() -> bool:
-    try:
-        import omegaconf  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _experiment_from(config) -> str:
