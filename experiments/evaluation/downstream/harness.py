@@ -1,7 +1,7 @@
-"""lm-evaluation-harness over a suite LM: ``lm_eval`` model ``"suite-lm"``.
+"""lm-evaluation-harness over a suite LM: ``lm_eval`` model ``"suite-lm"``, registered when this module is imported.
 
-    lm-eval run --model suite-lm --model_args ckpt=runs/lm/tiny/siamese/checkpoints/last.ckpt --tasks ...
-    python -m experiments lm-eval --ckpt runs/lm/tiny/siamese/checkpoints/last.ckpt --tasks ...   (the same)
+    python -m experiments lm-eval --ckpt runs/lm/tiny/siamese/checkpoints/last.ckpt --tasks ...
+    simple_evaluate(model="suite-lm", model_args={"ckpt": ...}, ...)     (after importing this module)
 
 A :class:`lm_eval.api.model.TemplateLM` (the harness's base for token-level models, an ``LM`` subclass):
 the harness turns task documents into (context, continuation) strings, ``TemplateLM`` tokenizes them

@@ -139,3 +139,29 @@ def test_bad_config_is_a_one_line_error(kwargs, message):
     with pytest.raises(ValueError, match=message) as err:
         DownstreamConfig(**kwargs)
     assert "\n" not in str(err.value)
+
+
+def test_ranks_score_disjoint_shares_that_cover_every_row(byte_tokenizer):
+    evaluator = DownstreamEvaluator(DownstreamConfig(["openbook_qa"], limit=9, batch_size=4), byte_tokenizer, WINDOW)
+    shares = [
+        [(int(d), int(c)) for batch in evaluator.batches(evaluator.tasks[0], rank, 2) for d, c in zip(*batch_ids(batch))]
+        for rank in (0, 1)
+    ]
+    everything = {(r["doc_id"], r["cont_id"]) for r in evaluator.tasks[0].rows}
+    assert set(shares[0]).isdisjoint(shares[1]) and set(shares[0]) | set(shares[1]) == everything
+    assert abs(len(shares[0]) - len(shares[1])) <= 1
+
+
+def batch_ids(batch):
+    return batch["doc_id"].tolist(), batch["cont_id"].tolist()
+
+
+def test_the_shipped_overlay_lists_the_default_tasks():
+    import yaml
+
+    from experiments.evaluation.downstream.config import DEFAULT_TASKS
+    from tests.experiments.evaluation.test_offline import ROOT
+
+    overlay = yaml.safe_load((ROOT / "configs/lm/downstream.yaml").read_text())["model"]["init_args"]["downstream"]
+    assert overlay["tasks"] == list(DEFAULT_TASKS) and overlay["limit"] == 500
+    DownstreamConfig(**overlay)  # validates
