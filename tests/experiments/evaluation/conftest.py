@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -63,3 +66,14 @@ class GoldLookup(nn.Module):
                 if token is not None:
                     logits[b, n, token] = 30.0
         return logits
+
+
+def yes_no_task(directory: Path, name: str, n: int = 6) -> None:
+    """An lm-eval task YAML over a local JSON file (both written here): ``n`` questions, choices yes / no."""
+    data = directory / f"{name}.json"
+    data.write_text("\n".join(json.dumps({"q": f"Is {i} a number?", "a": 0}) for i in range(n)))
+    (directory / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+        'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{q}}"\ndoc_to_choice: ["yes", "no"]\n'
+        'doc_to_target: "{{a}}"\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n'
+    )

@@ -17,6 +17,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import experiments.evaluation.downstream.harness  # noqa: F401 - registers the lm-eval model "suite-lm"
 from experiments.__main__ import main
+from tests.experiments.evaluation.conftest import yes_no_task
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -118,12 +119,7 @@ def test_evaluate_tool_scores_the_checkpoint_as_test_did(run: Path, tmp_path: Pa
 
 
 def test_lm_eval_model_loads_the_checkpoint_by_name(run: Path, tmp_path: Path):
-    (tmp_path / "yes.json").write_text("\n".join(json.dumps({"q": f"Is {i} a number?", "a": 0}) for i in range(6)))
-    (tmp_path / "yes.yaml").write_text(
-        f"task: suite_local_yes\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'yes.json'}\n"
-        'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{q}}"\ndoc_to_choice: ["yes", "no"]\n'
-        'doc_to_target: "{{a}}"\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n'
-    )
+    yes_no_task(tmp_path, "suite_local_yes")
     out = simple_evaluate(
         model="suite-lm",
         model_args={"ckpt": str(run / "checkpoints" / "last.ckpt")},
@@ -185,12 +181,7 @@ def test_lm_eval_tool_passes_the_harness_options_through(run: Path, tmp_path: Pa
     its ~15k bundled task configs on every start.)"""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "yes.json").write_text("\n".join(json.dumps({"q": f"Is {i} a number?", "a": 0}) for i in range(6)))
-    (tasks / "yes.yaml").write_text(
-        f"task: suite_cli_yes\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'yes.json'}\n"
-        'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{q}}"\ndoc_to_choice: ["yes", "no"]\n'
-        'doc_to_target: "{{a}}"\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n'
-    )
+    yes_no_task(tasks, "suite_cli_yes")
     out = tmp_path / "results"
     main(["lm-eval", "--ckpt", str(run / "checkpoints" / "last.ckpt"), "--tasks", "suite_cli_yes",
           "--include_path", str(tasks), "--limit", "4", "--output_path", str(out), "--device", "cpu"])  # fmt: skip

@@ -143,17 +143,13 @@ def test_bad_config_is_a_one_line_error(kwargs, message):
 
 def test_ranks_score_disjoint_shares_that_cover_every_row(byte_tokenizer):
     evaluator = DownstreamEvaluator(DownstreamConfig(["openbook_qa"], limit=9, batch_size=4), byte_tokenizer, WINDOW)
-    shares = [
-        [(int(d), int(c)) for batch in evaluator.batches(evaluator.tasks[0], rank, 2) for d, c in zip(*batch_ids(batch))]
-        for rank in (0, 1)
-    ]
+    shares = []
+    for rank in (0, 1):
+        batches = list(evaluator.batches(evaluator.tasks[0], rank, world_size=2))
+        shares.append([pair for b in batches for pair in zip(b["doc_id"].tolist(), b["cont_id"].tolist(), strict=True)])
     everything = {(r["doc_id"], r["cont_id"]) for r in evaluator.tasks[0].rows}
     assert set(shares[0]).isdisjoint(shares[1]) and set(shares[0]) | set(shares[1]) == everything
     assert abs(len(shares[0]) - len(shares[1])) <= 1
-
-
-def batch_ids(batch):
-    return batch["doc_id"].tolist(), batch["cont_id"].tolist()
 
 
 def test_the_shipped_overlay_lists_the_default_tasks():
