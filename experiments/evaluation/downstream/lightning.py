@@ -15,7 +15,8 @@ earlier step after a later one, and TensorBoard discards the later points as orp
 
 Under DDP every rank scores its share of the rows; ``ICLMetric`` gathers them (torchmetrics sync), so
 every rank logs the same numbers. The forwards run in the trainer's precision context (autocast for
-``bf16-mixed``), under ``torch.no_grad``, with the module in eval mode.
+``bf16-mixed``), under ``torch.no_grad``, with the module in eval mode. FSDP is refused: the LM is called
+directly, outside the sharded wrapper's forward.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from experiments.evaluation.downstream.config import DEFAULT_TASKS, SAMPLE_SEED, DownstreamConfig
@@ -36,6 +38,11 @@ HPARAMS_METRICS = ("test/downstream/avg", "test/downstream/avg_bpb")
 def _evaluator(pl_module: L.LightningModule, config: DownstreamConfig):
     from experiments.evaluation.downstream.scorer import DownstreamEvaluator  # loads olmo_eval, datasets
 
+    if isinstance(pl_module.trainer.strategy, FSDPStrategy):  # self.net's weights are shards outside FSDP's forward
+        raise ValueError(
+            "downstream evaluation does not run under FSDP (the LM's weights are sharded); valid: "
+            "--trainer.strategy=ddp or one device, from a consolidated checkpoint"
+        )
     datamodule = pl_module.trainer.datamodule
     tokenizer = getattr(datamodule, "tokenizer", None)
     net = getattr(pl_module, "net", None)

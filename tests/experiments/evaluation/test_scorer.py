@@ -161,3 +161,17 @@ def test_the_shipped_overlay_lists_the_default_tasks():
     overlay = yaml.safe_load((ROOT / "configs/lm/downstream.yaml").read_text())["model"]["init_args"]["downstream"]
     assert overlay["tasks"] == list(DEFAULT_TASKS) and overlay["limit"] == 500
     DownstreamConfig(**overlay)  # validates
+
+
+def test_forwards_run_in_the_runs_precision_context(byte_tokenizer):
+    """bf16-mixed: Lightning's own precision plugin context is what the evaluator enters around each forward."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    net = tiny_net(256)
+    seen = []
+    net.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    evaluator = DownstreamEvaluator(DownstreamConfig(["copa"], limit=8), byte_tokenizer, WINDOW)
+    full = evaluator.evaluate(net).tasks[0]
+    half = evaluator.evaluate(net, forward_context=MixedPrecision("bf16-mixed", "cpu").forward_context).tasks[0]
+    assert seen[0] == torch.float32 and seen[-1] == torch.bfloat16
+    assert half.scores["bpb"] == pytest.approx(full.scores["bpb"], rel=2e-2)  # same model, bf16 rounding only
