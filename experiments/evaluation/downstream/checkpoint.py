@@ -1,0 +1,116 @@
+"""An LM checkpoint of the suite as a plain model plus its tokenizer, for the tools outside a Lightning run.
+
+Everything comes from the checkpoint file, read with ``torch.load(weights_only=True)`` (tensors and
+plain data only): the LM task's saved hyperparameters (trunk, vocabulary, context length) rebuild a
+:class:`models.LanguageModel`, its ``net.*`` weights load into it, and the DataModule's saved
+hyperparameters name the tokenizer: byte-level, or the BPE ``tokenizer.json`` beside the run's prepared
+shards (``data_dir`` is resolved from the current directory, as in training). ``--tokenizer DIR`` points
+at another directory holding ``tokenizer.json`` / ``byte_tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from datamodules.tokenizers import TextTokenizer, load_tokenizer
+from experiments.reliability.errors import CheckpointError, SuiteError
+from models import LanguageModel, TrunkConfig
+
+LM_CLASS = "LanguageModeling"
+DATA_CLASS = "datamodules.text.TextDataModule"
+
+
+@dataclass
+class LoadedLM:
+    """A checkpoint's language model (eval mode, on CPU) and what it was trained with."""
+
+    net: LanguageModel
+    tokenizer: TextTokenizer
+    step: int
+    scheme: str
+    path: Path
+
+    @property
+    def window(self) -> int:
+        return self.net.max_seq_len
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> LoadedLM:
+    """Rebuilds the LM of a suite checkpoint and finds its tokenizer.
+
+    Raises:
+        SuiteError / CheckpointError: one line, when the file is missing, unreadable, not an LM checkpoint,
+            or its tokenizer cannot be found.
+    """
+    path = Path(ckpt)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory (a sharded FSDP checkpoint?); valid: a single .ckpt file")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; valid: a .ckpt file of an LM run")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the user's input
+        raise CheckpointError(f"cannot read checkpoint {path}: {_first_line(err)}") from None
+    hparams: dict[str, Any] = payload.get("hyper_parameters") or {}
+    task = str(hparams.get("_class_path", "?"))
+    if task.rsplit(".", 1)[-1] != LM_CLASS or "trunk" not in hparams:
+        raise CheckpointError(
+            f"checkpoint {path} holds a {task!r} model; valid: a checkpoint of experiments.tasks.{LM_CLASS}"
+        )
+    trunk = TrunkConfig(**hparams["trunk"])
+    net = LanguageModel(
+        trunk, int(hparams["vocab_size"]), max_seq_len=int(hparams["seq_len"]), tie_embeddings=hparams["tie_embeddings"]
+    )
+    state = {k.removeprefix("net."): v for k, v in payload.get("state_dict", {}).items() if k.startswith("net.")}
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as err:
+        raise CheckpointError(f"checkpoint {path} does not fit its own hyperparameters: {_first_line(err)}") from None
+    tokenizer = (
+        _load_tokenizer_dir(tokenizer_dir)
+        if tokenizer_dir is not None
+        else _run_tokenizer(payload.get("datamodule_hyper_parameters") or {}, path)
+    )
+    if tokenizer.vocab_size > net.vocab_size:
+        raise SuiteError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but {path} was trained with vocab_size={net.vocab_size}; "
+            "valid: the tokenizer the run was trained with"
+        )
+    return LoadedLM(net.eval(), tokenizer, int(payload.get("global_step", 0)), trunk.norm_scheme, path)
+
+
+def _load_tokenizer_dir(directory: str | Path) -> TextTokenizer:
+    try:
+        return load_tokenizer(directory)
+    except FileNotFoundError as err:
+        valid = "a directory holding tokenizer.json or byte_tokenizer.json"
+        raise SuiteError(f"{_first_line(err)}; valid: {valid}") from None
+
+
+def _run_tokenizer(data_hparams: dict[str, Any], ckpt: Path) -> TextTokenizer:
+    """The tokenizer the run's TextDataModule used (bytes need no file; BPE is read beside the shards)."""
+    from datamodules.text import TextDataModule
+
+    if data_hparams.get("_class_path") != DATA_CLASS:
+        raise SuiteError(
+            f"checkpoint {ckpt} records no {DATA_CLASS} (got {data_hparams.get('_class_path')!r}); "
+            "valid: pass --tokenizer DIR"
+        )
+    kwargs = {k: v for k, v in data_hparams.items() if not k.startswith("_")}
+    datamodule = TextDataModule(**kwargs)
+    try:
+        return datamodule.tokenizer
+    except (RuntimeError, FileNotFoundError, ValueError) as err:
+        raise SuiteError(
+            f"the run's {kwargs.get('tokenizer')} tokenizer is not in {datamodule.shard_dir} ({_first_line(err)}); "
+            "valid: run from the directory the run was trained in, or pass --tokenizer DIR"
+        ) from None
