@@ -2,13 +2,65 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
 
 from models.norms import get_norm_layer
 from models.schemes import SchemeOptions, get_scheme
 
 MLP_KINDS = ("gelu", "gelu_tanh", "swiglu")
 INIT_KINDS = ("trunc_normal", "normal", "xavier")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The valid range of one numeric field: ``low <= x`` (``<`` when ``low_open``), likewise ``high``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    optional: bool = False  # None is valid too (it means a default derived from other fields)
+
+    def describe(self) -> str:
+        parts = []
+        if self.low is not None and self.high is not None:
+            parts.append(f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}")
+        elif self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        text = ("an integer " if self.integer else "a number ") + " ".join(parts)
+        return text + (" or null" if self.optional else "")
+
+    def holds(self, value: object) -> bool:
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+#: Every numeric field of :class:`TrunkConfig` and its valid range (checked at construction).
+BOUNDS: dict[str, Bound] = {
+    "dim": Bound(1, integer=True),
+    "depth": Bound(1, integer=True),
+    "num_heads": Bound(1, integer=True),
+    "mlp_hidden": Bound(1, integer=True, optional=True),
+    "norm_eps": Bound(0, low_open=True),
+    "mlp_norm_eps": Bound(0, low_open=True, optional=True),
+    "drop_path": Bound(0, 1, high_open=True),
+    "attn_drop": Bound(0, 1, high_open=True),
+    "moe_experts": Bound(0, integer=True),
+    "moe_top_k": Bound(1, integer=True),
+    "moe_hidden": Bound(1, integer=True, optional=True),
+    "mix_ratio": Bound(0, 1),
+    "init_std": Bound(0, low_open=True),
+}
 
 
 @dataclass
@@ -42,6 +94,10 @@ class TrunkConfig:
         init_std: std of the normal inits.
         scaled_output_init: divide the std of residual output projections by ``sqrt(2 L)`` (GPT-2).
         activation_checkpointing: recompute each block in backward to save memory.
+        recompute_norms: recompute each sublayer's prologue (the scheme's norms and element-wise ops up to the
+            branch input; the readout too) in backward instead of keeping it, as :mod:`models.recompute`
+            describes: True, False, or "auto" (where it keeps fewer bytes: ``Scheme.recompute_wins``; off
+            under ``activation_checkpointing``, which recomputes the whole block already).
     """
 
     dim: int = 256
@@ -69,25 +125,29 @@ class TrunkConfig:
     init_std: float = 0.02
     scaled_output_init: bool = False
     activation_checkpointing: bool = False
+    recompute_norms: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
+        """Refuses any out-of-range field in one line naming it (``BOUNDS``), then the names and cross-checks."""
+        for name, bound in BOUNDS.items():
+            value = getattr(self, name)
+            if not bound.holds(value):
+                raise ValueError(f"trunk {name} must be {bound.describe()}, got {value!r}")
         get_scheme(self.norm_scheme)  # raises with the valid names
         get_norm_layer(self.norm_layer)
-        for name in ("dim", "depth", "num_heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.dim % self.num_heads:
-            raise ValueError(f"dim {self.dim} is not divisible by num_heads {self.num_heads}")
+            raise ValueError(f"trunk dim {self.dim} is not divisible by num_heads {self.num_heads}")
         if self.mlp not in MLP_KINDS:
             raise ValueError(f"unknown mlp {self.mlp!r}; valid: {', '.join(MLP_KINDS)}")
         if self.init not in INIT_KINDS:
             raise ValueError(f"unknown init {self.init!r}; valid: {', '.join(INIT_KINDS)}")
-        if not 0.0 <= self.drop_path < 1.0:
-            raise ValueError(f"drop_path must be in [0, 1), got {self.drop_path}")
-        if not 0.0 <= self.mix_ratio <= 1.0:
-            raise ValueError(f"mix_ratio must be in [0, 1], got {self.mix_ratio}")
-        if self.moe_experts < 0 or (self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts):
-            raise ValueError(f"moe_top_k {self.moe_top_k} must be in [1, moe_experts] (moe_experts={self.moe_experts})")
+        if self.moe_experts and self.moe_top_k > self.moe_experts:
+            raise ValueError(f"trunk moe_top_k {self.moe_top_k} must be in [1, moe_experts={self.moe_experts}]")
+        if not (isinstance(self.recompute_norms, bool) or self.recompute_norms == "auto"):
+            raise ValueError(f"trunk recompute_norms must be true, false or 'auto', got {self.recompute_norms!r}")
+        for f in fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"trunk {f.name} must be true or false, got {getattr(self, f.name)!r}")
 
     @property
     def hidden(self) -> int:

@@ -35,7 +35,7 @@ class LanguageModel(nn.Module):
         super().__init__()
         if vocab_size <= 0:
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-        self.cfg, self.vocab_size, self.max_seq_len = trunk, vocab_size, max_seq_len
+        self.cfg, self.vocab_size, self.max_seq_len, self.rope_base = trunk, vocab_size, max_seq_len, rope_base
         self.embed = nn.Embedding(vocab_size, trunk.dim)
         self.trunk = Trunk(trunk)
         self.head = nn.Linear(trunk.dim, vocab_size, bias=False)

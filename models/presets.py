@@ -1,4 +1,5 @@
-"""Every model size of DESIGN.md section 4, as data; build any of them on the meta device to count.
+"""Every model size of the paper (docs/architecture.md, "Sizes") and the laptop-sized ones, as data; build any on the meta
+device to count.
 
 python -m models            # prints the parameter count of every preset
 """
@@ -44,17 +45,18 @@ PRESETS: dict[str, Preset] = {
     "lm-390m-d33":  Preset("lm", dict(dim=768, depth=33, num_heads=6, mlp_hidden=3072, **_LM), dict(vocab_size=50304), 3.9e8),
     "lm-390m-d80":  Preset("lm", dict(dim=512, depth=80, num_heads=4, mlp_hidden=2048, **_LM), dict(vocab_size=50304), 3.9e8),
     "lm-moe-15a2b": Preset("lm", dict(dim=2048, depth=16, num_heads=16, moe_experts=64, moe_top_k=8, moe_hidden=2304, **_LM), dict(vocab_size=50304, max_seq_len=4096), 15e9),
-    "lm-tiny":      Preset("lm", dict(dim=128, depth=4, num_heads=4, mlp_hidden=512, **_LM), dict(vocab_size=256, max_seq_len=256)),
-    "lm-deep":      Preset("lm", dict(dim=64, depth=16, num_heads=4, mlp_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=256)),
-    "lm-moe-tiny":  Preset("lm", dict(dim=128, depth=4, num_heads=4, moe_experts=8, moe_top_k=2, moe_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=256)),
+    # the tiny presets are what configs/{lm,vit,dit}/tiny.yaml (and their overlays) train: tests/models/test_presets.py
+    "lm-tiny":      Preset("lm", dict(dim=128, depth=4, num_heads=4, mlp_hidden=512, **_LM), dict(vocab_size=256, max_seq_len=128)),
+    "lm-deep":      Preset("lm", dict(dim=64, depth=16, num_heads=4, mlp_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=128)),
+    "lm-moe-tiny":  Preset("lm", dict(dim=128, depth=4, num_heads=4, mlp_hidden=512, moe_experts=8, moe_top_k=2, moe_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=128)),
     # --- ViT classification (DeiT) --------------------------------------------------------------------------
     "deit-tiny":    Preset("vit", dict(dim=192, depth=12, num_heads=3, **_VIT), dict(img_size=224, patch_size=16, num_classes=1000), 5.7e6),
     "deit-small":   Preset("vit", dict(dim=384, depth=12, num_heads=6, **_VIT), dict(img_size=224, patch_size=16, num_classes=1000), 22e6),
-    "vit-tiny":     Preset("vit", dict(dim=128, depth=6, num_heads=4, **_VIT), dict(img_size=32, patch_size=4, num_classes=10)),
+    "vit-tiny":     Preset("vit", dict(dim=128, depth=4, num_heads=4, **_VIT), dict(img_size=28, patch_size=7, num_classes=10)),
     # --- latent DiT -----------------------------------------------------------------------------------------
     "dit-b2":       Preset("dit", dict(dim=768, depth=12, num_heads=12, **_DIT), dict(input_size=32, patch_size=2, num_classes=1000), 130e6),
     "dit-l4":       Preset("dit", dict(dim=1024, depth=24, num_heads=16, **_DIT), dict(input_size=32, patch_size=4, num_classes=1000), 458e6),
-    "dit-tiny":     Preset("dit", dict(dim=128, depth=4, num_heads=4, **_DIT), dict(input_size=8, patch_size=2, num_classes=10)),
+    "dit-tiny":     Preset("dit", dict(dim=128, depth=4, num_heads=4, **_DIT), dict(input_size=8, patch_size=2, num_classes=10, learn_sigma=False)),
 }
 # fmt: on
 

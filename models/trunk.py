@@ -7,6 +7,11 @@ branch input and hands the branch output back; adaLN-Zero conditioning (DiT) wra
     inp = modulate(inp, shift, scale)              # conditioned only
     out = gate * F(inp)                            # conditioned only: gate; F = attn or MLP
     state = site.update(state, drop_path(out))     # scheme: how the streams absorb it
+
+The first two lines are the sublayer's *prologue*. With ``recompute_norms`` it runs again in backward
+(:func:`models.recompute.recomputed`) instead of keeping its norms' inputs and outputs; the matmuls of F keep
+what they save. ``"auto"`` recomputes the sites whose prologue keeps more than its inputs and the branch input
+(``Scheme.recompute_wins``), unless whole blocks are recomputed anyway (``activation_checkpointing``).
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ import math
 import torch
 from timm.layers import DropPath
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from models.config import TrunkConfig
 from models.layers import AdaLNZero, Attention, Mlp, MoE, SwiGLU, modulate
-from models.schemes import Scheme, Site, State, get_scheme
+from models.recompute import recomputed
+from models.schemes import Readout, Scheme, Site, State, get_scheme
 
 
 def build_ffn(cfg: TrunkConfig) -> nn.Module:
@@ -31,6 +36,19 @@ def build_ffn(cfg: TrunkConfig) -> nn.Module:
     if cfg.mlp == "swiglu":
         return SwiGLU(cfg.dim, cfg.hidden, bias=cfg.bias)
     return Mlp(cfg.dim, cfg.hidden, bias=cfg.bias, approximate="tanh" if cfg.mlp == "gelu_tanh" else "none")
+
+
+def recompute_site(cfg: TrunkConfig, site: Scheme | Readout) -> bool:
+    """Whether ``site``'s prologue (or the readout) is recomputed in backward under ``cfg.recompute_norms``."""
+    if cfg.recompute_norms == "auto":
+        return site.recompute_wins and not cfg.activation_checkpointing
+    return bool(cfg.recompute_norms)
+
+
+def prologue(state: State, site: Scheme, shift: Tensor | None, scale: Tensor | None) -> tuple[Tensor, State]:
+    """The branch input of ``site`` (modulated in adaLN mode) and the state ``update`` will receive."""
+    inp, state = site.prepare(state)
+    return (inp if shift is None else modulate(inp, shift, scale)), state
 
 
 class Block(nn.Module):
@@ -60,6 +78,7 @@ class Block(nn.Module):
         self.is_moe = bool(cfg.moe_experts)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.adaLN = AdaLNZero(cfg.dim, 6) if conditioned else None
+        self.recompute = (recompute_site(cfg, self.attn_res), recompute_site(cfg, self.mlp_res))
 
     def forward(
         self,
@@ -70,19 +89,22 @@ class Block(nn.Module):
     ) -> tuple[State, Tensor | None]:
         """Returns the new state and this block's auxiliary loss (MoE load balancing; None if dense)."""
         mods = self.adaLN(cond) if self.adaLN is not None else (None,) * 6
-        inp, state = self.attn_res.prepare(state)
-        out = self.attn(self._modulate(inp, mods[0], mods[1]), rope=rope, is_causal=is_causal)
+        inp, state = self._prologue(0, self.attn_res, state, mods[0], mods[1])
+        out = self.attn(inp, rope=rope, is_causal=is_causal)
         state = self.attn_res.update(state, self._gate(out, mods[2]))
 
-        inp, state = self.mlp_res.prepare(state)
-        out = self.mlp(self._modulate(inp, mods[3], mods[4]))
+        inp, state = self._prologue(1, self.mlp_res, state, mods[3], mods[4])
+        out = self.mlp(inp)
         out, aux = out if self.is_moe else (out, None)
         state = self.mlp_res.update(state, self._gate(out, mods[5]))
         return state, aux
 
-    @staticmethod
-    def _modulate(x: Tensor, shift: Tensor | None, scale: Tensor | None) -> Tensor:
-        return x if shift is None else modulate(x, shift, scale)
+    def _prologue(
+        self, sublayer: int, site: Scheme, state: State, shift: Tensor | None, scale: Tensor | None
+    ) -> tuple[Tensor, State]:
+        if self.recompute[sublayer] and torch.is_grad_enabled():
+            return recomputed(prologue, state, site, shift, scale, reads=site.prologue_reads)
+        return prologue(state, site, shift, scale)
 
     def _gate(self, out: Tensor, gate: Tensor | None) -> Tensor:
         return self.drop_path(out if gate is None else gate * out)
@@ -113,6 +135,7 @@ class Trunk(nn.Module):
             cfg.scheme_options,
         )
         self.readout = self.scheme.readout(readout_site)
+        self.recompute_readout = recompute_site(cfg, self.readout)
         self.init_weights()
 
     @torch.no_grad()
@@ -181,7 +204,10 @@ class Trunk(nn.Module):
         if (cond is None) == self.conditioned:
             raise ValueError("cond is required for a conditioned trunk and must be None otherwise")
         state, aux = self.forward_state(h, cond, rope, is_causal, skip_blocks)
-        out = self.readout(state)
+        if self.recompute_readout and torch.is_grad_enabled():
+            out = recomputed(self.readout, state)
+        else:
+            out = self.readout(state)
         return (out, aux) if return_aux else out
 
     def forward_state(
@@ -198,8 +224,8 @@ class Trunk(nn.Module):
         for b, block in enumerate(self.blocks):
             if b in skip_blocks:
                 continue
-            if self.cfg.activation_checkpointing and self.training:
-                state, block_aux = checkpoint(block, state, cond, rope, is_causal, use_reentrant=False)
+            if self.cfg.activation_checkpointing and self.training:  # drop-path draws: replay the RNG
+                state, block_aux = recomputed(block, state, cond, rope, is_causal, preserve_rng_state=True)
             else:
                 state, block_aux = block(state, cond, rope, is_causal)
             if block_aux is not None:  # dense blocks add nothing to the hot path

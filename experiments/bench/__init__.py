@@ -1,7 +1,9 @@
 """Training-step benchmark: every norm scheme side by side, and our ``pre`` against timm / diffusers / transformers.
 
-    python -m experiments.bench                                  # lm, vit, dit at tiny size, every scheme
-    python -m experiments.bench --task lm --size small --schemes pre,siamese --steps 30 --bf16
+    python -m experiments bench                                  # lm, vit, dit at tiny size, every scheme
+    python -m experiments bench --task lm --size small --schemes pre,siamese --steps 30 --bf16
+    python -m experiments bench --task lm --schemes pre,siamese,siamese@off   # recomputed norms on / off
+    python -m experiments bench --scaling                        # overhead vs width and depth (scaling.md/png)
 
 Method (timings on a shared machine are noisy, so every number is relative and robust):
 
@@ -16,6 +18,8 @@ Method (timings on a shared machine are noisy, so every number is relative and r
   peak allocated memory of one step (above what is resident before it) is reported as well.
 - Reference rows load the reference network's weights into ours (``models.loaders``), so both run
   the same function; the loss gap at init is reported as proof. No timing is ever asserted.
+- With ``--norm-share`` (always in ``--scaling``) a few profiled steps per candidate give the share of
+  step time spent in normalization ops (:func:`experiments.bench.measure.norm_time_share`).
 - CPU runs use one intra-op thread by default (``--threads``): on a shared machine a second OpenMP
   thread waits at barriers and multiplies step times several-fold.
 
@@ -31,6 +35,7 @@ from experiments.bench.measure import (
     activation_bytes,
     alive_after_forward_bytes,
     interleave,
+    norm_time_share,
     peak_step_bytes,
     saved_tensor_bytes,
     step_flops,
@@ -38,6 +43,7 @@ from experiments.bench.measure import (
 from experiments.bench.references import OURS, Reference, reference, reference_candidates
 from experiments.bench.report import (
     COLUMNS,
+    SCHEME_TARGETS,
     Row,
     Target,
     machine_info,
@@ -47,7 +53,24 @@ from experiments.bench.report import (
     targets,
     write_report,
 )
-from experiments.bench.run import RunSpec, bench_task, bench_tasks, data_batches_per_s, data_row
+from experiments.bench.run import (
+    RECOMPUTE_LABELS,
+    RunSpec,
+    bench_task,
+    bench_tasks,
+    build_candidate,
+    data_batches_per_s,
+    data_row,
+)
+from experiments.bench.scaling import (
+    SCALING_COLUMNS,
+    ScalingRow,
+    bench_scaling,
+    plot_scaling,
+    scaling_targets,
+    scaling_workloads,
+    write_scaling,
+)
 from experiments.bench.workloads import (
     OUR_LOSS,
     SIZES,
@@ -59,30 +82,37 @@ from experiments.bench.workloads import (
     build_ours,
     dit_loss,
     lm_loss,
+    lm_workload,
     make_batch,
     vit_loss,
 )
 
 __all__ = [
-    "COLUMNS",
-    "OURS",
-    "OUR_LOSS",
-    "SIZES",
-    "TASKS",
     "Batch",
+    "COLUMNS",
     "Candidate",
     "LossFn",
+    "OURS",
+    "OUR_LOSS",
     "Options",
+    "RECOMPUTE_LABELS",
     "Reference",
     "Row",
     "RunSpec",
+    "SCALING_COLUMNS",
+    "SCHEME_TARGETS",
+    "SIZES",
+    "ScalingRow",
+    "TASKS",
     "Target",
     "Task",
     "Workload",
     "activation_bytes",
     "alive_after_forward_bytes",
+    "bench_scaling",
     "bench_task",
     "bench_tasks",
+    "build_candidate",
     "build_ours",
     "build_parser",
     "data_batches_per_s",
@@ -90,19 +120,25 @@ __all__ = [
     "dit_loss",
     "interleave",
     "lm_loss",
+    "lm_workload",
     "machine_info",
     "main",
     "make_batch",
     "markdown",
+    "norm_time_share",
     "paired_ratio",
     "parse_schemes",
     "peak_step_bytes",
+    "plot_scaling",
     "reference",
     "reference_candidates",
     "saved_tensor_bytes",
+    "scaling_targets",
+    "scaling_workloads",
     "step_flops",
     "summarize",
     "targets",
     "vit_loss",
     "write_report",
+    "write_scaling",
 ]

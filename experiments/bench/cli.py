@@ -7,6 +7,7 @@ import argparse
 import os
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,18 +15,23 @@ import torch
 
 from experiments.bench.measure import Options
 from experiments.bench.report import Row, machine_info, write_report
-from experiments.bench.run import RunSpec, bench_tasks
+from experiments.bench.run import RECOMPUTE_LABELS, RunSpec, bench_tasks
+from experiments.bench.scaling import ScalingRow, bench_scaling, scaling_workloads, write_scaling
 from experiments.bench.workloads import SIZES, TASKS, Workload
 from models.schemes import NormScheme
 
 
 def parse_schemes(text: str) -> list[str]:
-    """``"all"`` or a comma list; repeats get ``#2``, ``#3`` so ``pre,pre`` measures noise."""
+    """``"all"`` or a comma list; repeats get ``#2``, ``#3`` so ``pre,pre`` measures noise. A scheme may carry
+    ``@on`` / ``@off`` / ``@auto`` (its ``recompute_norms``): ``siamese,siamese@off`` measures recomputation."""
     names = [s.value for s in NormScheme] if text == "all" else [s.strip() for s in text.split(",") if s.strip()]
     valid = {s.value for s in NormScheme}
     for s in names:
-        if s not in valid:
-            raise SystemExit(f"error: unknown scheme {s!r}; valid: all, {', '.join(sorted(valid))}")
+        scheme, at, recompute = s.partition("@")
+        if scheme not in valid:
+            raise SystemExit(f"error: unknown scheme {scheme!r}; valid: all, {', '.join(sorted(valid))}")
+        if at and recompute not in RECOMPUTE_LABELS:
+            raise SystemExit(f"error: unknown recompute suffix {s!r}; valid: {scheme}@on, {scheme}@off, {scheme}@auto")
     seen: dict[str, int] = {}
     labels = []
     for s in names:
@@ -58,9 +64,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch intra-op threads on CPU (default 1: on a shared machine extra OpenMP threads stall at "
         "barriers and multiply step times; 0 keeps torch's default)",
     )
+    p.add_argument(
+        "--recompute-norms",
+        choices=list(RECOMPUTE_LABELS),
+        default="auto",
+        help="TrunkConfig.recompute_norms of every scheme without an @on/@off suffix (default auto)",
+    )
+    p.add_argument("--norm-share", action="store_true", help="profile a few steps: share of step time in norms")
+    scaling = p.add_argument_group("scaling sweep (--scaling: the LM's pre vs siamese at growing width and depth)")
+    scaling.add_argument("--scaling", action="store_true", help="run the scaling sweep instead of the tables")
+    scaling.add_argument("--widths", default="128,512,1024", help="widths, at --width-depth blocks")
+    scaling.add_argument("--depths", default="2,4,8", help="depths, at --depth-width")
+    scaling.add_argument("--width-depth", type=int, default=2)
+    scaling.add_argument("--depth-width", type=int, default=256)
+    scaling.add_argument("--scaling-batch", default="8x128", help="sequences x tokens per step")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="output directory (default runs/bench/<task>-<size>)")
+    p.add_argument("--out", default=None, help="output directory (default runs/bench/<task>-<size>, or scaling)")
     return p
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"error: {flag} {text!r}; valid: positive integers separated by commas")
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
@@ -72,24 +102,49 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         torch.set_num_threads(args.threads)
     schemes = parse_schemes(args.schemes)
     tasks = list(TASKS) if args.task == "all" else [args.task]
-    args.out = args.out or f"runs/bench/{args.task}-{args.size}"
+    args.out = args.out or ("runs/bench/scaling" if args.scaling else f"runs/bench/{args.task}-{args.size}")
     opts = Options(torch.device(args.device), args.bf16, args.compile, args.checkpointing)
-    header = {"command": shlex.join(["python", "-m", "experiments.bench", *argv]), **machine_info(opts.device)}
+    header = {"command": shlex.join(["python", "-m", "experiments", "bench", *argv]), **machine_info(opts.device)}
     header["settings"] = (
         f"{args.steps} measured rounds after {args.warmup} warm-up rounds; bf16 {'on' if args.bf16 else 'off'}, "
-        f"compile {'on' if args.compile else 'off'}, checkpointing {'on' if args.checkpointing else 'off'}; "
+        f"compile {'on' if args.compile else 'off'}, checkpointing {'on' if args.checkpointing else 'off'}, "
+        f"recompute_norms {args.recompute_norms}; "
         "activation memory: saved-for-backward bytes of one forward (of the compiled graph under --compile)"
     )
     spec = RunSpec(
         schemes, args.steps, args.warmup, args.seed, not args.no_reference, args.data_batches, args.data_dir,
-        Path(args.out) if args.profile else None,
+        Path(args.out) if args.profile else None, norm_share=args.norm_share,
+        recompute_norms=RECOMPUTE_LABELS[args.recompute_norms],
     )  # fmt: skip
+    if args.scaling:
+        return scaling_main(args, spec, opts, header)
     workloads = [SIZES[args.size][task] for task in tasks]
     if args.batch_size:
         workloads = [Workload(w.task, w.trunk, w.net, args.batch_size) for w in workloads]
     rows, notes = bench_tasks(workloads, args.size, spec, opts, header)
     header["load average after (1, 5, 15 min)"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    text = write_report(Path(args.out), rows, header, notes)
+    text = write_report(Path(args.out), rows, header, notes, compiled=args.compile)
     print(text)
     print(f"wrote {Path(args.out) / 'bench.md'} and {Path(args.out) / 'bench.csv'}")
+    return rows
+
+
+def scaling_main(args: argparse.Namespace, spec: RunSpec, opts: Options, header: dict[str, str]) -> list[ScalingRow]:
+    """``--scaling``: :mod:`experiments.bench.scaling` over the requested widths and depths."""
+    if args.task not in ("lm", "all"):
+        raise SystemExit(f"error: --scaling sweeps the LM; got --task {args.task}; valid: --task lm")
+    batch = _ints(args.scaling_batch, "--scaling-batch")
+    if len(batch) != 2:
+        raise SystemExit(f"error: --scaling-batch {args.scaling_batch!r}; valid: SEQUENCESxTOKENS, e.g. 8x128")
+    shapes = scaling_workloads(
+        _ints(args.widths, "--widths"), _ints(args.depths, "--depths"), args.width_depth, args.depth_width, *batch
+    )
+    header["wall time"] = "(running)"
+    start = time.perf_counter()
+    rows = bench_scaling(shapes, spec, opts)
+    header["wall time"] = f"{time.perf_counter() - start:.0f} s"
+    header["load average after (1, 5, 15 min)"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    text = write_scaling(Path(args.out), rows, header)
+    print(text)
+    print(f"wrote {Path(args.out) / 'scaling.md'}, scaling.csv and scaling.png")
     return rows

@@ -4,8 +4,11 @@ hook), bytes alive after forward (CPU profiler), peak step memory (CUDA) and mod
 
 from __future__ import annotations
 
+import gc
 import math
 import os
+import re
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -123,8 +126,10 @@ def activation_bytes(c: Candidate) -> int:
 def alive_after_forward_bytes(c: Candidate) -> float:
     """CPU only: bytes allocated by one forward + loss and still alive at its end (profiler memory events).
 
-    An independent check of :func:`activation_bytes`, and the only one of the two that sees inputs which
-    activation checkpointing keeps in its closure rather than in autograd (a NamedTuple state).
+    An independent check of :func:`activation_bytes` that also sees tensors kept outside autograd (e.g. in a
+    closure). The count is allocations minus frees inside the window, so a free of anything allocated
+    before it would subtract: the garbage collector runs first and is off during the window (the previous
+    measurement's graph, held in reference cycles by checkpoint frames, would otherwise be freed in it).
     """
     if c.opts.device.type != "cpu":
         return math.nan
@@ -132,16 +137,81 @@ def alive_after_forward_bytes(c: Candidate) -> float:
 
     c.optimizer.zero_grad(set_to_none=True)
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _quiet_stderr():  # the profiler back end logs every start and stop to the C stderr
-        prof.start()
+    gc.collect()
+    gc.disable()
     try:
-        with c.autocast():
-            loss = c.loss(c.forward_model, c.batch)
+        with _quiet_stderr():  # the profiler back end logs every start and stop to the C stderr
+            prof.start()
+        try:
+            with c.autocast():
+                loss = c.loss(c.forward_model, c.batch)
+        finally:
+            with _quiet_stderr():
+                prof.stop()
+        del loss
     finally:
+        gc.enable()
+    return float(sum(e.self_cpu_memory_usage for e in prof.events()))
+
+
+#: Profiler event names of normalization ops: ATen's layer/RMS norms (forward and backward), the lean
+#: RMSNorm's autograd function (models.norms), and their autograd nodes.
+NORM_EVENT = re.compile(r"(layer|rms|group)_?norm", re.IGNORECASE)
+
+
+def norm_time_share(c: Candidate, steps: int = 3) -> float:
+    """Share of the training step spent in normalization ops, from ``torch.profiler``: the median over
+    ``steps`` steps, each profiled on its own (a preempted step then spoils one sample, not the mean).
+
+    CPU: the union of the time intervals of norm events (forward, backward, and recomputation inside
+    backward; nested events counted once) over the step's wall time. CUDA: the device time of kernels
+    launched by norm events over all kernel time. NaN under ``torch.compile``: its generated kernels fuse
+    norms with their neighbours, so no event is a norm. The profiler's per-op overhead inflates small ops.
+    """
+    if c.opts.compile:
+        return math.nan
+    c.step()  # the profiler's own first-use cost stays out of the window
+    return statistics.median(_profiled_norm_share(c) for _ in range(steps))
+
+
+def _profiled_norm_share(c: Candidate) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = c.opts.device.type == "cuda"
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+    with _quiet_stderr():
+        prof.start()
+    _sync(c.opts.device)
+    start = time.perf_counter()
+    try:
+        c.step()
+        _sync(c.opts.device)
+    finally:
+        wall = time.perf_counter() - start
         with _quiet_stderr():
             prof.stop()
-    del loss
-    return float(sum(e.self_cpu_memory_usage for e in prof.events()))
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    if cuda:
+        norm_ids = {id(e) for e in events if NORM_EVENT.search(e.name)}
+        top = [e for e in events if id(e) in norm_ids and not _has_ancestor(e, norm_ids)]
+        total = sum(e.self_device_time_total for e in events)
+        return sum(e.device_time_total for e in top) / total if total else math.nan
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if NORM_EVENT.search(e.name))
+    covered, end = 0.0, -math.inf
+    for lo, hi in spans:  # union of intervals, microseconds
+        if hi > end:
+            covered += hi - max(lo, end)
+            end = hi
+    return covered / 1e6 / wall
+
+
+def _has_ancestor(e, ids: set[int]) -> bool:
+    parent = e.cpu_parent
+    while parent is not None:
+        if id(parent) in ids:
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 @contextmanager

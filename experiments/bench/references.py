@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from experiments.bench.measure import Candidate, Options
-from experiments.bench.workloads import OUR_LOSS, Batch, LossFn, Workload, build_ours, dit_loss, lm_loss, vit_loss
+from experiments.bench.workloads import OUR_LOSS, Batch, LossFn, Workload, dit_loss, lm_loss, vit_loss
 from models import TrunkConfig
 
 
@@ -67,19 +67,21 @@ def reference(w: Workload, checkpointing: bool = False) -> Reference | str:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return "skipped: transformers is not installed, so there is no LlamaForCausalLM to compare against"
+    from models.loaders import lm_from_llama
+
     llama = LlamaConfig(
         vocab_size=n["vocab_size"], hidden_size=cfg.dim, intermediate_size=cfg.hidden, num_hidden_layers=cfg.depth,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads, max_position_embeddings=n["max_seq_len"],
         rms_norm_eps=cfg.norm_eps, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa", use_cache=False,
     )  # fmt: skip
     theirs = LlamaForCausalLM(llama)
     if checkpointing:
         theirs.gradient_checkpointing_enable()
-    # Llama has no QK-norm, so ours drops it for this comparison; there is no loader: weights differ.
-    ours = build_ours(w, "pre", qk_norm=False, activation_checkpointing=checkpointing)
+    # Llama has no QK-norm: ours is loaded without it, so both compute the same function.
+    ours = lm_from_llama(theirs, activation_checkpointing=checkpointing)
     return Reference(
-        "transformers LlamaForCausalLM", theirs, ours, lm_loss(lambda m, ids: m(input_ids=ids).logits), False
+        "transformers LlamaForCausalLM", theirs, ours, lm_loss(lambda m, ids: m(input_ids=ids).logits), True
     )
 
 

@@ -32,22 +32,33 @@ class RunSpec:
     data_dir: str = "data/text"
     profile_dir: Path | None = None
     peak_tflops: float | None = None  # count FLOPs and report MFU (NaN: count, no MFU)
+    norm_share: bool = False  # profile a few steps per candidate for the share of step time in norms
+    recompute_norms: bool | str = "auto"  # TrunkConfig.recompute_norms of labels without an @on / @off suffix
+
+
+#: A scheme label's ``@`` suffix -> ``TrunkConfig.recompute_norms``.
+RECOMPUTE_LABELS: dict[str, bool | str] = {"on": True, "off": False, "auto": "auto"}
+
+
+def build_candidate(w: Workload, label: str, spec: RunSpec, opts: Options) -> Candidate:
+    """Our network for a scheme label: ``scheme[@on|@off|@auto][#k]`` (recompute_norms; a repeat index)."""
+    scheme, _, recompute = label.split("#")[0].partition("@")
+    rc = RECOMPUTE_LABELS[recompute] if recompute else spec.recompute_norms
+    torch.manual_seed(spec.seed)  # same draws wherever two schemes share a structure
+    with opts.device:  # built in place: no host-side init of large models
+        model = build_ours(w, scheme, activation_checkpointing=opts.checkpointing, recompute_norms=rc)
+    return Candidate(label, model, OUR_LOSS[w.task], make_batch(w, opts.device, spec.seed), opts)
 
 
 def bench_task(w: Workload, size: str, spec: RunSpec, opts: Options) -> tuple[list[Row], list[str]]:
     """Rows and notes for one workload: schemes interleaved, then the reference pair, then the data loader."""
     rows, notes = [], []
     batch = make_batch(w, opts.device, spec.seed)
-    cands = []
-    for label in spec.schemes:
-        torch.manual_seed(spec.seed)  # same draws wherever two schemes share a structure
-        with opts.device:  # built in place: no host-side init of large models
-            model = build_ours(w, label.split("#")[0], activation_checkpointing=opts.checkpointing)
-        cands.append(Candidate(label, model, OUR_LOSS[w.task], batch, opts))
+    cands = [build_candidate(w, label, spec, opts) for label in spec.schemes]
     print(f"[{w.task}/{size}] {len(cands)} schemes x {spec.steps} rounds ...", flush=True)
     interleave(cands, spec.steps, spec.warmup)
     baseline = "pre" if "pre" in spec.schemes else spec.schemes[0]
-    rows += summarize(cands, w, size, "schemes", baseline, spec.peak_tflops)
+    rows += summarize(cands, w, size, "schemes", baseline, spec.peak_tflops, spec.norm_share)
     if spec.profile_dir is not None:
         _profile(cands, spec.profile_dir, w.task)
     del cands
@@ -62,7 +73,7 @@ def bench_task(w: Workload, size: str, spec: RunSpec, opts: Options) -> tuple[li
             cands = reference_candidates(ref, w, batch, opts)
             print(f"[{w.task}/{size}] ours vs {ref.name} x {spec.steps} rounds ...", flush=True)
             interleave(cands, spec.steps, spec.warmup)
-            rows += summarize(cands, w, size, "reference", ref.name, spec.peak_tflops)
+            rows += summarize(cands, w, size, "reference", ref.name, spec.peak_tflops, spec.norm_share)
             del cands
     if opts.device.type == "cuda":
         torch.cuda.empty_cache()

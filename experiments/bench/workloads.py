@@ -50,7 +50,8 @@ class Workload:
         return self.batch_size * (self.net["max_seq_len"] if self.task == "lm" else 1)
 
 
-def _lm(batch: int, seq: int, **trunk) -> Workload:  # the LM presets' flavour: SwiGLU, RMSNorm, QK-norm, no bias
+def lm_workload(batch: int, seq: int, **trunk) -> Workload:
+    """An LM workload in the presets' flavour (SwiGLU, RMSNorm, QK-norm, no biases), byte vocabulary."""
     return Workload("lm", {**PRESETS["lm-tiny"].trunk, **trunk}, dict(vocab_size=256, max_seq_len=seq), batch)
 
 
@@ -67,15 +68,15 @@ def _dit(batch: int, latent: int, patch: int, classes: int, **trunk) -> Workload
 # fmt: off
 SIZES: dict[str, dict[Task, Workload]] = {
     # micro: seconds, for tests
-    "micro": {"lm": _lm(4, 32, dim=32, depth=2, num_heads=2, mlp_hidden=64),
+    "micro": {"lm": lm_workload(4, 32, dim=32, depth=2, num_heads=2, mlp_hidden=64),
               "vit": _vit(8, 16, 4, 10, dim=32, depth=2, num_heads=2),
               "dit": _dit(8, 4, 2, 10, dim=32, depth=2, num_heads=2)},
     # tiny: the shipped configs/{lm,vit,dit}/tiny.yaml models and batches
-    "tiny":  {"lm": _lm(32, 128, dim=128, depth=4, num_heads=4, mlp_hidden=512),
+    "tiny":  {"lm": lm_workload(32, 128, dim=128, depth=4, num_heads=4, mlp_hidden=512),
               "vit": _vit(128, 28, 7, 10, dim=128, depth=4, num_heads=4),
               "dit": _dit(128, 8, 2, 10, dim=128, depth=4, num_heads=4)},
     # small: LM d256 x 6; DeiT-T at 64 px; DiT-S/2 at 16x16 latents
-    "small": {"lm": _lm(16, 256, dim=256, depth=6, num_heads=4, mlp_hidden=1024),
+    "small": {"lm": lm_workload(16, 256, dim=256, depth=6, num_heads=4, mlp_hidden=1024),
               "vit": _vit(64, 64, 8, 100, dim=192, depth=12, num_heads=3),
               "dit": _dit(32, 16, 2, 1000, dim=384, depth=12, num_heads=6)},
 }

@@ -27,7 +27,7 @@ from models.norms import build_norm
 
 
 class NormScheme(StrEnum):
-    """Every normalization placement the suite implements (DESIGN.md section 3)."""
+    """Every normalization placement the suite implements (equations: README, "The norm schemes")."""
 
     PRE = "pre"
     POST = "post"
@@ -142,10 +142,17 @@ class Scheme(nn.Module):
     qkv_norm: ClassVar[bool] = False
     #: The module class that turns the final state into the trunk output.
     readout: ClassVar[type[Readout]]
+    #: The fields of a NamedTuple state ``prepare`` reads; it passes the others through unchanged (None: all).
+    prologue_reads: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, site: Site) -> None:
         super().__init__()
         self.site_index = site.index
+        #: Recomputing ``prepare`` (and adaLN's modulate) in backward keeps fewer bytes than saving it, i.e. the
+        #: prologue keeps more than its input streams and the branch input (``recompute_norms="auto"`` reads it;
+        #: tests/models/test_recompute.py checks it against the bytes autograd saves). By default only adaLN's:
+        #: there the non-affine norm's output is kept by modulate's multiply. Schemes with more set it True.
+        self.recompute_wins = site.conditioned
 
     @staticmethod
     def init_state(h: Tensor) -> State:
@@ -169,6 +176,7 @@ class Readout(nn.Module):
 
     def __init__(self, site: Site) -> None:
         super().__init__()
+        self.recompute_wins = False  # as Scheme.recompute_wins, for the readout
 
     def forward(self, state: State) -> Tensor:
         raise NotImplementedError

@@ -54,6 +54,7 @@ class HyperConnections(Scheme):
         self.w_write = nn.Parameter(torch.zeros(d))  # W_b
         self.s_a = nn.Parameter(torch.tensor(0.01))
         self.s_b = nn.Parameter(torch.tensor(0.01))
+        self.recompute_wins = True  # N(H) and A_m^T H are kept by the connection matmuls and N(h_in)
 
     @staticmethod
     def init_state(h: Tensor) -> Tensor:

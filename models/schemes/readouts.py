@@ -2,7 +2,7 @@
 
 In conditioned (adaLN) mode the readout's outermost norm is the DiT final layer's input norm, so
 it becomes non-affine (``site.branch_norm``), and readouts without one gain it (``site.cond_norm``),
-by the same rule DESIGN.md section 2 gives for branch inputs.
+by the same rule as for branch inputs (README, "The norm schemes").
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class HybridDualReadout(Readout):
         self.norm_x = site.norm()
         self.norm_d = site.norm()
         self.norm_f = site.cond_norm()
+        self.recompute_wins = site.conditioned  # adaLN's N_f keeps N_x(x) + N_d(d)
 
     def forward(self, state: HybridDual) -> Tensor:
         return self.norm_f(self.norm_x(state.hybrid) + self.norm_d(state.delta))
@@ -74,6 +75,7 @@ class SiameseFusion(Readout):
         self.norm_a = site.norm()
         self.norm_b = site.norm()
         self.norm_o = site.branch_norm()
+        self.recompute_wins = True  # N_o's input N_a(x) + N_b(y) need not be kept
 
     def forward(self, state: TwoStream) -> Tensor:
         return self.norm_o(self.norm_a(state.post) + self.norm_b(state.pre))

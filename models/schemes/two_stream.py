@@ -32,6 +32,7 @@ class ResiDual(Scheme):
     """
 
     readout = ResiDualReadout
+    prologue_reads = ("post",)
 
     def __init__(self, site: Site) -> None:
         super().__init__(site)
@@ -61,6 +62,7 @@ class ResiDualHybrid(Scheme):
 
     readout = HybridDualReadout
     qkv_norm = True
+    prologue_reads = ("hybrid",)
 
     def __init__(self, site: Site) -> None:
         super().__init__(site)
@@ -101,6 +103,7 @@ class SiameseNorm(Scheme):
         self.norm_x = site.norm()
         self.norm_y = site.norm()
         self.norm_in = site.branch_norm() if opts.input_norm else site.cond_norm()
+        self.recompute_wins = True  # N_X, N_Y and N_in keep post, pre and x + N_Y(y): only post and pre are needed
 
     @staticmethod
     def init_state(h: Tensor) -> TwoStream:
@@ -132,6 +135,7 @@ class SiameseHybrid(SiameseNorm):
             del self.norm_x, self.norm_in
             self.gain = nn.Parameter(torch.ones(site.dim))
             self.cond_norm = site.cond_norm()
+            self.recompute_wins = site.conditioned  # g x + N_Y(y) keeps only x, y and its result
 
     def prepare(self, state: TwoStream) -> tuple[Tensor, TwoStream]:
         if not self.is_attn:

@@ -1,6 +1,6 @@
 """Hand-written reference formulas the model tests compare against.
 
-Everything here is written from the equations (DESIGN.md sections 2-3, the cited papers), on plain
+Everything here is written from the equations (docs/schemes.md, the cited papers), on plain
 tensors with every weight passed explicitly. Nothing here calls a scheme's ``prepare``/``update`` or
 a layer's ``forward``; the tests pull the weights out of the modules and hand them to these.
 """

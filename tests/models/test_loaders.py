@@ -288,3 +288,113 @@ def test_dit_refuses_mlp_norm_eps_mismatch():
     with pytest.raises(ValueError, match=r"norm3 has eps 1e-06, our trunk uses mlp_norm_eps 1e-05") as info:
         load_diffusers_dit(_tiny_dit(mlp_norm_eps=1e-5), diffusers_dit(**kw, norm_eps=1e-6))
     assert "norm_out has eps" not in str(info.value) and "norm1.norm has eps" not in str(info.value)
+
+
+#################################################################################
+#                                   Llama                                       #
+#################################################################################
+
+LLAMA_CONFIGS = {
+    "d32x2-h2": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2),
+    "d48x3-h4-tied-theta500": dict(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        rms_norm_eps=1e-5,
+    ),
+}
+LLAMA_VOCAB, LLAMA_SEQ = 61, 24
+
+
+def hf_llama(seed: int = 0, **kwargs):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(vocab_size=LLAMA_VOCAB, max_position_embeddings=LLAMA_SEQ, num_key_value_heads=None)
+    kw = {**kw, **kwargs}
+    kw["num_key_value_heads"] = kw["num_key_value_heads"] or kw.get("num_attention_heads", 2)
+    config = LlamaConfig(**kw, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    return randomize(LlamaForCausalLM(config), seed)
+
+
+def llama_ids(seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, LLAMA_VOCAB, (3, LLAMA_SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kw", LLAMA_CONFIGS.values(), ids=LLAMA_CONFIGS.keys())
+def test_lm_logits_match_llama(kw):
+    from models.loaders import lm_from_llama
+
+    llama = hf_llama(**kw)
+    ours = lm_from_llama(llama).eval()
+    assert ours.cfg.norm_scheme == "pre" and not ours.cfg.qk_norm
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in llama.parameters())
+    ids = llama_ids()
+    with torch.no_grad():
+        theirs, mine = llama(input_ids=ids).logits, ours(ids)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=TOL)
+    print(f"\nmax |logits ours - Llama| = {max_diff(mine, theirs):.1e}")
+
+
+@pytest.mark.parametrize("tensor", ["trunk.readout.norm_f.weight", "trunk.blocks.1.mlp.fc1.weight", "head.weight"])
+def test_lm_comparison_is_sensitive(tensor):
+    """Swapping two halves of one loaded tensor (Q and K rows, gate and up, ...) changes the logits."""
+    from models.loaders import lm_from_llama
+
+    llama = hf_llama(**LLAMA_CONFIGS["d32x2-h2"])
+    ours = lm_from_llama(llama).eval()
+    with torch.no_grad():
+        w = dict(ours.named_parameters())[tensor]
+        w.copy_(torch.cat(w.chunk(2, dim=0)[::-1]))
+        assert max_diff(ours(llama_ids()), llama(input_ids=llama_ids()).logits) > 1e-3
+
+
+def test_lm_loads_a_llama_state_dict_into_a_built_model():
+    from models import LanguageModel
+    from models.loaders import load_hf_llama
+
+    llama = hf_llama(**LLAMA_CONFIGS["d32x2-h2"])
+    cfg = TrunkConfig(dim=32, depth=2, num_heads=2, mlp="swiglu", mlp_hidden=48, norm_layer="rmsnorm",
+                      norm_eps=1e-6, qk_norm=False, bias=False)  # fmt: skip
+    ours = load_hf_llama(LanguageModel(cfg, vocab_size=LLAMA_VOCAB, max_seq_len=LLAMA_SEQ), llama.state_dict()).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(llama_ids()), llama(input_ids=llama_ids()).logits, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(num_key_value_heads=1), "grouped-query attention"),
+        (dict(attention_bias=True), "biases"),
+        (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+        (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}), "rope_type='linear'"),
+    ],
+)
+def test_lm_refuses_what_our_network_cannot_express(change, message):
+    from models.loaders import lm_from_llama
+
+    with pytest.raises(ValueError, match=message):
+        lm_from_llama(hf_llama(**{**LLAMA_CONFIGS["d32x2-h2"], **change}))
+
+
+@pytest.mark.parametrize(
+    ("trunk", "message"),
+    [
+        (dict(norm_scheme="siamese"), "norm_scheme is 'siamese'"),
+        (dict(qk_norm=True), "qk_norm is True"),
+        (dict(norm_eps=1e-5), "rms_norm_eps=1e-06, ours 1e-05"),
+        (dict(mlp_hidden=64), "intermediate_size=48, ours 64"),
+    ],
+)
+def test_lm_refuses_a_mismatched_model(trunk, message):
+    from models import LanguageModel
+    from models.loaders import load_hf_llama
+
+    base = dict(dim=32, depth=2, num_heads=2, mlp="swiglu", mlp_hidden=48, norm_layer="rmsnorm", norm_eps=1e-6,
+                qk_norm=False, bias=False)  # fmt: skip
+    model = LanguageModel(TrunkConfig(**{**base, **trunk}), vocab_size=LLAMA_VOCAB, max_seq_len=LLAMA_SEQ)
+    with pytest.raises(ValueError, match=message):
+        load_hf_llama(model, hf_llama(**LLAMA_CONFIGS["d32x2-h2"]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from models.schemes import NormScheme
 
 ALL_SCHEMES = list(NormScheme)
 
-# DESIGN.md section 4, as accepted (low, high) ranges of the total parameter count.
+# The paper's sizes (docs/architecture.md, "Sizes"), as accepted (low, high) ranges of the total parameter count.
 PAPER_SIZES: dict[str, tuple[float, float]] = {
     "lm-1.3b": (1.2e9, 1.35e9),
     "lm-390m-d10": (380e6, 395e6),
@@ -136,3 +137,67 @@ def test_trunk_config_round_trips_through_a_dict():
 def test_meta_build_allocates_nothing():
     model = build_preset("lm-moe-15a2b", "siamese")
     assert {p.device for p in model.parameters()} == {torch.device("meta")}
+
+
+#################################################################################
+#                  Tiny presets = what the shipped tiny configs train            #
+#################################################################################
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_CONFIGS = {
+    "lm-tiny": ["configs/lm/tiny.yaml"],
+    "lm-moe-tiny": ["configs/lm/tiny.yaml", "configs/lm/moe-tiny.yaml"],
+    "lm-deep": ["configs/lm/tiny.yaml", "configs/lm/tiny-depth-d16.yaml"],
+    "vit-tiny": ["configs/vit/tiny.yaml"],
+    "dit-tiny": ["configs/dit/tiny.yaml"],
+}
+
+
+def tiny_latent_cache(tmp_path: Path) -> Path:
+    """A ``meta.json`` with the latent shape the tiny VAE config produces: AutoencoderKL halves the image
+    once per block but the last (32 px, 3 blocks -> 8 x 8) into ``latent_channels``; 10 embedded classes."""
+    import yaml
+
+    from datamodules.latents import LatentCacheMeta
+
+    vae = yaml.safe_load((ROOT / "configs/vae/tiny.yaml").read_text())
+    net, data = vae["model"]["init_args"], vae["data"]["init_args"]
+    side = data["image_size"] // 2 ** (len(net["block_out_channels"]) - 1)
+    cache = tmp_path / "latents"
+    cache.mkdir()
+    shape = [net["latent_channels"], side, side]
+    classes = [str(i) for i in range(10)]
+    meta = (10, classes, shape, 1.0, None, str(tmp_path), "0", "embedded", "fashion-mnist", data["image_size"])
+    LatentCacheMeta(*meta, 0, False, False, "float32", 1).write(cache)
+    return cache
+
+
+def config_network(configs: list[str], tmp_path: Path) -> torch.nn.Module:
+    """The network ``python -m experiments fit -c ...`` builds from the configs (parsed and instantiated by the
+    suite's CLI; no trainer, no data read; DiT reads its latent shape from the cache's meta.json)."""
+    from experiments.cli import SuiteCLI
+
+    class ParseOnly(SuiteCLI):
+        def instantiate_trainer(self, **kwargs):
+            return None
+
+    args = [arg for c in configs for arg in ("-c", str(ROOT / c))] + [f"--runs_root={tmp_path}"]
+    if any("dit" in c for c in configs):
+        args.append(f"--data.init_args.cache_dir={tiny_latent_cache(tmp_path)}")
+    return ParseOnly(args=args, run=False).model.net
+
+
+def test_every_laptop_sized_preset_has_its_config():
+    small = {n for n in PRESETS if counts(n, "pre")[0] < 5e6}  # DeiT-T (5.7 M) is the smallest paper size
+    assert small == set(TINY_CONFIGS)
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_tiny_preset_is_the_network_its_config_trains(name, tmp_path):
+    """``python -m models`` reports what the tiny config trains: the same tensors, shapes and count."""
+    preset = build_preset(name, device="cpu")
+    trained = config_network(TINY_CONFIGS[name], tmp_path)
+    assert type(trained) is type(preset)
+    assert {k: v.shape for k, v in trained.state_dict().items()} == {k: v.shape for k, v in preset.state_dict().items()}
+    assert count_params(trained) == count_params(preset)
+    assert trained.cfg == preset.cfg

@@ -1,4 +1,4 @@
-"""Every norm scheme against an independent float64 reference of its DESIGN.md section 3 equation.
+"""Every norm scheme against an independent float64 reference of its equation (docs/schemes.md).
 
 The reference below never calls a scheme's ``prepare``/``update``: it re-derives each scheme's loop
 from the spec, reads the norm weights out of the trunk and passes them explicitly to
@@ -64,7 +64,7 @@ def randomize(module: nn.Module) -> None:
 
 
 #################################################################################
-#                     The reference: DESIGN.md sections 2-3                     #
+#                 The reference: the equations of every scheme                  #
 #################################################################################
 
 

@@ -1,0 +1,167 @@
+"""transformers ``LlamaForCausalLM`` -> our ``LanguageModel(pre)``; see :mod:`models.loaders`.
+
+A Llama decoder layer is our Pre-Norm block with RMSNorm, RoPE (rotate-half layout, the same inverse
+frequencies), SwiGLU and no biases or QK-norm, so the weights map one-to-one once Q, K, V and gate, up
+are concatenated into our fused projections. Refused: grouped-query attention, biases, rope scaling,
+another activation, tensor-parallel pretraining slices, a different head_dim.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor, nn
+
+from models.config import TrunkConfig
+from models.lm import LanguageModel
+from models.loaders.common import Source, _explain, _load_strict, _refuse, _split
+
+_LLAMA_SUPPORTED = (
+    "transformers LlamaForCausalLM (or its state dict) with num_key_value_heads == num_attention_heads, "
+    "head_dim == hidden_size / num_attention_heads, hidden_act='silu', no attention or MLP bias, rope_type "
+    "'default', pretraining_tp=1; into our LanguageModel under norm_scheme='pre', norm_layer='rmsnorm', "
+    "mlp='swiglu', qk_norm=False, bias=False, dense, with Llama's eps, rope_theta, sizes and tying"
+)
+
+_LLAMA_RENAMES = (
+    (r"^model\.embed_tokens\.weight$", "embed.weight"),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.weight$", r"trunk.blocks.\1.attn_res.norm.weight"),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"trunk.blocks.\1.mlp_res.norm.weight"),
+    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.weight$", r"trunk.blocks.\1.attn.proj.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.weight$", r"trunk.blocks.\1.mlp.fc2.weight"),
+    (r"^model\.norm\.weight$", "trunk.readout.norm_f.weight"),
+    (r"^lm_head\.weight$", "head.weight"),
+)
+
+_LLAMA_FEATURES = (
+    (r"_proj\.bias$", "projection biases (attention_bias / mlp_bias)"),
+    (r"\.rotary_emb\.", "a stored rotary table"),
+)
+
+
+def _config_problems(config, model: LanguageModel | None = None) -> list[str]:
+    """What in a ``LlamaConfig`` our network cannot express, and (with ``model``) what differs from it."""
+    c, problems = config, []
+    if c.num_key_value_heads != c.num_attention_heads:
+        problems.append(f"grouped-query attention (num_key_value_heads={c.num_key_value_heads})")
+    if getattr(c, "head_dim", None) not in (None, c.hidden_size // c.num_attention_heads):
+        problems.append(f"head_dim={c.head_dim} is not hidden_size / num_attention_heads")
+    if c.hidden_act != "silu":
+        problems.append(f"hidden_act={c.hidden_act!r}; our SwiGLU uses silu")
+    if c.attention_bias or c.mlp_bias:
+        problems.append(f"biases (attention_bias={c.attention_bias}, mlp_bias={c.mlp_bias})")
+    rope = getattr(c, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        problems.append(f"rope_type={rope.get('rope_type')!r}: rope scaling; ours is plain RoPE")
+    if getattr(c, "pretraining_tp", 1) != 1:
+        problems.append(f"pretraining_tp={c.pretraining_tp}")
+    if model is None:
+        return problems
+    cfg = model.cfg
+    ours = {
+        "hidden_size": cfg.dim,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.hidden,
+        "vocab_size": model.vocab_size,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": model.rope_base,
+        "tie_word_embeddings": model.head.weight is model.embed.weight,
+    }
+    theirs = {k: getattr(c, k, None) for k in ours} | {"rope_theta": rope.get("rope_theta", 10000.0)}
+    problems += [f"source {k}={theirs[k]!r}, ours {v!r}" for k, v in ours.items() if theirs[k] != v]
+    return problems
+
+
+def _trunk_problems(cfg: TrunkConfig) -> list[str]:
+    wanted = {"norm_scheme": "pre", "norm_layer": "rmsnorm", "mlp": "swiglu", "qk_norm": False, "bias": False}
+    problems = [f"our {k} is {getattr(cfg, k)!r}; Llama needs {v!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+    if cfg.moe_experts:
+        problems.append(f"our trunk is a mixture of experts ({cfg.moe_experts}); Llama's MLP is dense")
+    if cfg.mlp_norm_eps not in (None, cfg.norm_eps):
+        problems.append(f"our mlp_norm_eps {cfg.mlp_norm_eps:g} differs from norm_eps; Llama has one rms_norm_eps")
+    return problems
+
+
+def load_hf_llama(model: LanguageModel, state_dict_or_module: Source) -> LanguageModel:
+    """Loads a transformers ``LlamaForCausalLM`` into our ``LanguageModel(pre)``, in place.
+
+    Args:
+        model: our LM: ``norm_scheme="pre"``, rmsnorm, swiglu, no QK-norm or biases, the source's sizes.
+        state_dict_or_module: the Llama model (preferred: its config is checked too) or its state dict.
+
+    Returns:
+        ``model``, with every tensor replaced.
+
+    Raises:
+        ValueError: listing everything that does not map, and what is supported.
+    """
+    llama, sd = _split(state_dict_or_module)
+    problems = _trunk_problems(model.cfg)
+    if llama is not None:
+        problems += _config_problems(llama.config, model)
+    if "lm_head.weight" not in sd and model.head.weight is model.embed.weight:
+        sd["lm_head.weight"] = sd.get("model.embed_tokens.weight")  # tied weights may be stored once
+    layers = {int(m.group(1)) for k in sd if (m := re.match(r"^model\.layers\.(\d+)\.", k))}
+    mapped: dict[str, Tensor] = {}
+    for i in sorted(layers):  # separate projections -> our fused [q; k; v] and [gate; up]
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        fused = {
+            f"trunk.blocks.{i}.attn.qkv.weight": [f"{attn}.{n}_proj.weight" for n in "qkv"],
+            f"trunk.blocks.{i}.mlp.fc1.weight": [f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"],
+        }
+        for ours, names in fused.items():
+            if all(n in sd for n in names):
+                mapped[ours] = torch.cat([sd.pop(n) for n in names], dim=0)
+    for key in list(sd):
+        for pattern, repl in _LLAMA_RENAMES:
+            new, hits = re.subn(pattern, repl, key)
+            if hits:
+                mapped[new] = sd.pop(key)
+                break
+    problems += _explain(sorted(sd), _LLAMA_FEATURES)
+    if model.head.weight is model.embed.weight:  # one parameter, two names: the state dict holds both
+        mapped["head.weight"] = mapped.get("embed.weight", mapped.get("head.weight"))
+    _load_strict(model, mapped, problems, "the transformers LlamaForCausalLM into LanguageModel", _LLAMA_SUPPORTED)
+    return model
+
+
+def lm_from_llama(llama: nn.Module, **trunk_overrides) -> LanguageModel:
+    """A ``LanguageModel(pre)`` with the Llama model's shape, loaded with its weights.
+
+    ``trunk_overrides`` set what Llama's config does not decide (e.g. ``activation_checkpointing``).
+    """
+    from transformers import LlamaForCausalLM
+
+    what = "the transformers model"
+    if not isinstance(llama, LlamaForCausalLM):
+        _refuse(what, [f"{type(llama).__name__} is not a LlamaForCausalLM"], _LLAMA_SUPPORTED)
+    c = llama.config
+    _refuse(what, _config_problems(c), _LLAMA_SUPPORTED)
+    trunk = TrunkConfig(
+        **{
+            "dim": c.hidden_size,
+            "depth": c.num_hidden_layers,
+            "num_heads": c.num_attention_heads,
+            "mlp": "swiglu",
+            "mlp_hidden": c.intermediate_size,
+            "norm_scheme": "pre",
+            "norm_layer": "rmsnorm",
+            "norm_eps": c.rms_norm_eps,
+            "qk_norm": False,
+            "bias": False,
+            "attn_drop": c.attention_dropout,
+            "init": "normal",
+            "init_std": c.initializer_range,
+            **trunk_overrides,
+        }
+    )
+    model = LanguageModel(
+        trunk,
+        vocab_size=c.vocab_size,
+        max_seq_len=c.max_position_embeddings,
+        tie_embeddings=c.tie_word_embeddings,
+        rope_base=(c.rope_parameters or {}).get("rope_theta", 10000.0),
+    )
+    return load_hf_llama(model, llama)

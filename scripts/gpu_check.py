@@ -1,0 +1,292 @@
+"""One-shot GPU check (one command, about 8 minutes on one H200): writes ``gpu_check.md``.
+
+    python scripts/gpu_check.py                       # everything, bf16 + torch.compile + SDPA flash
+    python scripts/gpu_check.py --sections lm,loss    # a subset
+    python scripts/gpu_check.py --cpu-smoke           # micro shapes on the CPU: checks the script only
+
+Sections, in order (each reports what it measured and its targets met or missed; the report is rewritten
+after every section, so a run cut short keeps what it finished; ``--budget-s`` skips sections that would
+start after the budget is spent):
+
+1. ``lm``: a 1.3B-shape slice (d 2048, 16 heads, SwiGLU 8192, QK-norm, RMSNorm, ``--lm-depth`` blocks, the
+   50304-token head, seq 2048): step time, tokens/s and MFU of pre, siamese and siamese_hybrid, the
+   SiameseNorm ones with and without recomputed norms (``@on`` / ``@off``), interleaved as in
+   ``python -m experiments bench`` (whose method this is: :mod:`experiments.bench`).
+2. ``loss``: 200 real steps of ``configs/lm/tiny.yaml`` through ``python -m experiments fit``, bf16 on the
+   GPU and fp32 on the CPU: the two training-loss curves agree within bf16 tolerance.
+3. ``fsdp``: the LM slice under FSDP on one GPU (a unit and a CheckpointWrapper per Block, as the suite's
+   FSDP recipe): the loss of a few steps against the unwrapped model, and the step time.
+4. ``images``: DeiT-S (224 px) against timm's VisionTransformer and DiT-B/2 (32x32x4 latents) against
+   diffusers' DiTTransformer2DModel, same weights: images/s and ours/theirs step time.
+
+The timing method, FLOP counting and MFU are :mod:`scripts.gpu_bench`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a file from anywhere
+
+from experiments.bench import (  # noqa: E402
+    SIZES,
+    Options,
+    Row,
+    RunSpec,
+    Target,
+    Workload,
+    bench_task,
+    interleave,
+    machine_info,
+    make_batch,
+    markdown,
+    reference,
+    reference_candidates,
+    summarize,
+)
+from scripts.gpu_bench import paper_workloads, peak_tflops  # noqa: E402
+
+SECTIONS = ("lm", "loss", "fsdp", "images")
+LM_SCHEMES = ("pre", "siamese@on", "siamese@off", "siamese_hybrid@on", "siamese_hybrid@off")
+LOSS_RTOL = 0.03  # bf16 vs fp32 training loss, averaged over windows of 20 steps
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python scripts/gpu_check.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    p.add_argument("--lm-depth", type=int, default=2, help="blocks of the 1.3B-shape slice")
+    p.add_argument("--lm-batch", type=int, default=4, help="sequences of 2048 tokens per step")
+    p.add_argument("--steps", type=int, default=10, help="measured rounds")
+    p.add_argument("--warmup", type=int, default=3, help="unmeasured rounds (the compile happens in the first)")
+    p.add_argument("--loss-steps", type=int, default=None, help="training steps of the tiny LM (200; smoke 10)")
+    p.add_argument("--no-compile", action="store_true", help="eager instead of torch.compile")
+    p.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s (default: by device name)")
+    p.add_argument("--budget-s", type=float, default=450.0, help="no section starts after this many seconds")
+    p.add_argument("--cpu-smoke", action="store_true", help="micro shapes on the CPU (also used without CUDA)")
+    p.add_argument("--out", default="runs/gpu_check", help="output directory (gpu_check.md and runs)")
+    return p
+
+
+#################################################################################
+#                                   Sections                                    #
+#################################################################################
+
+
+def lm_section(w: Workload, size: str, opts: Options, args, peak: float) -> tuple[list[Row], list[str]]:
+    spec = RunSpec(LM_SCHEMES, args.steps, args.warmup, reference=False, peak_tflops=peak)
+    with _flash(opts):
+        return bench_task(w, size, spec, opts)
+
+
+def images_section(
+    workloads: Sequence[Workload], size: str, opts: Options, args, peak: float
+) -> tuple[list[Row], list[str]]:
+    """Ours (pre) against the reference library at the same weights, per workload."""
+    rows, notes = [], []
+    for w in workloads:
+        torch.manual_seed(0)
+        with opts.device:
+            ref = reference(w)
+        if isinstance(ref, str):
+            notes.append(f"{w.task}/{size} reference {ref}")
+            continue
+        cands = reference_candidates(ref, w, make_batch(w, opts.device), opts)
+        print(f"[{w.task}/{size}] ours vs {ref.name} x {args.steps} rounds ...", flush=True)
+        with _flash(opts):
+            interleave(cands, args.steps, args.warmup)
+            rows += summarize(cands, w, size, "reference", ref.name, peak)
+        del cands, ref
+        if opts.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, notes
+
+
+def fsdp_section(w: Workload, opts: Options, args, out: Path) -> tuple[list[str], list[Target]]:
+    """The siamese LM slice, plain and under FSDP (one process), same init and batch: losses and step times."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from experiments.bench.run import build_candidate
+    from models.trunk import Block
+
+    spec = RunSpec(("siamese",), args.steps, args.warmup)
+    plain = build_candidate(w, "siamese", spec, opts)
+    wrapped = build_candidate(w, "siamese", spec, opts)
+    backend = "nccl" if opts.device.type == "cuda" else "gloo"
+    store = out / "fsdp-store"
+    store.unlink(missing_ok=True)
+    dist.init_process_group(backend, init_method=f"file://{store.resolve()}", rank=0, world_size=1)
+    try:
+        device = opts.device if opts.device.type == "cuda" else torch.device("cpu")
+        model = FSDP(wrapped.model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=device, use_orig_params=True)
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
+        wrapped.model = wrapped.forward_model = model  # eager: FSDP's own wrapping, no compile
+        wrapped.optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr)
+        plain.forward_model = plain.model
+        plain.optimizer = torch.optim.AdamW(plain.model.parameters(), lr=opts.lr)
+        losses = {"plain": [], "fsdp": []}
+        for key, c in (("plain", plain), ("fsdp", wrapped)):
+            for _ in range(3):
+                c.optimizer.zero_grad(set_to_none=True)
+                loss = c.compute_loss()
+                loss.backward()
+                c.optimizer.step()
+                losses[key].append(loss.item())
+        interleave([plain, wrapped], args.steps, args.warmup)
+    finally:
+        dist.destroy_process_group()
+    gap = max(abs(a - b) / abs(a) for a, b in zip(losses["plain"], losses["fsdp"], strict=True))
+    ratio = statistics.median(f / p for f, p in zip(wrapped.times, plain.times, strict=True))
+    lines = [
+        f"- losses of 3 steps, plain: {', '.join(f'{x:.4f}' for x in losses['plain'])}",
+        f"- losses of 3 steps, FSDP (a unit and a CheckpointWrapper per Block): "
+        f"{', '.join(f'{x:.4f}' for x in losses['fsdp'])}",
+        f"- step time plain {1e3 * statistics.median(plain.times):.1f} ms, FSDP "
+        f"{1e3 * statistics.median(wrapped.times):.1f} ms (FSDP/plain {ratio:.3f}, eager; the wrapper recomputes "
+        "each block)",
+    ]
+    return lines, [Target("fsdp: max relative loss gap to the unwrapped model over 3 steps", gap, 1e-2)]
+
+
+def loss_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]:
+    """``experiments fit`` of the tiny LM on the GPU (bf16) and on the CPU (fp32); their train curves."""
+    from experiments.__main__ import main as experiments_main
+
+    steps = args.loss_steps
+    common = ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), f"--trainer.max_steps={steps}",
+              "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", "--summary.log_every_n_steps=1",
+              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+              "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"]  # fmt: skip
+    if smoke:
+        common += ["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=2",
+                   "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
+                   "--data.init_args.batch_size=8", "--data.init_args.eval_samples=16"]  # fmt: skip
+    gpu = ["--trainer.accelerator=cpu" if smoke else "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed"]
+    curves = {}
+    for name, extra in (("cpu", ["--trainer.accelerator=cpu", "--trainer.precision=32-true"]), ("gpu", gpu)):
+        runs = out / f"loss-{name}"
+        start = time.perf_counter()
+        status = experiments_main([*common, *extra, f"--runs_root={runs}", "--run_name=run"])
+        if status not in (None, 0):
+            raise RuntimeError(f"experiments fit on {name} exited with {status}")
+        summary = json.loads(next(runs.glob("lm/*/run/summary.json")).read_text())
+        curves[name] = ([loss for _, loss in summary["train_curve"]], time.perf_counter() - start)
+    (cpu, cpu_s), (gpu_curve, gpu_s) = curves["cpu"], curves["gpu"]
+    window = min(20, len(cpu))
+    means = [(statistics.fmean(cpu[i : i + window]), statistics.fmean(gpu_curve[i : i + window]))
+             for i in range(0, len(cpu) - window + 1, window)]  # fmt: skip
+    worst = max(abs(g - c) / c for c, g in means)
+    lines = [
+        f"- {len(cpu)} steps each; CPU fp32 {cpu_s:.0f} s, {'CPU (smoke)' if smoke else 'GPU'} bf16 {gpu_s:.0f} s "
+        "(including start-up)",
+        "- mean training loss per window of 20 steps, CPU / GPU: " + ", ".join(f"{c:.3f}/{g:.3f}" for c, g in means),
+        f"- final step: CPU {cpu[-1]:.4f}, GPU {gpu_curve[-1]:.4f}",
+    ]
+    return lines, [Target("loss: max relative gap of the windowed curves, GPU bf16 vs CPU fp32", worst, LOSS_RTOL)]
+
+
+#################################################################################
+#                                     Main                                      #
+#################################################################################
+
+
+def _flash(opts: Options):
+    """SDPA restricted to the flash kernel on CUDA (bf16); the CPU keeps torch's choice."""
+    if opts.device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if not sections or any(s not in SECTIONS for s in sections):
+        raise SystemExit(f"error: --sections {args.sections!r}; valid: a comma list of {', '.join(SECTIONS)}")
+    smoke = args.cpu_smoke or not torch.cuda.is_available()
+    args.loss_steps = args.loss_steps or (10 if smoke else 200)
+    if smoke and not args.cpu_smoke:
+        print("note: no CUDA device; running the CPU smoke shapes (the numbers only show the script works)")
+    device = torch.device("cpu" if smoke else "cuda")
+    if smoke:
+        torch.set_num_threads(1)
+        lm, images, size = SIZES["micro"]["lm"], [SIZES["micro"]["vit"], SIZES["micro"]["dit"]], "micro (cpu smoke)"
+        name = "cpu"
+    else:
+        paper = paper_workloads(args.lm_depth, args.lm_batch, dit_batch=64, vit_batch=128)
+        lm, images, size = paper["lm"], [paper["vit"], paper["dit"]], "paper"
+        name = torch.cuda.get_device_name(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    peak = args.peak_tflops if args.peak_tflops is not None else peak_tflops(name)
+    opts = Options(device, bf16=True, compile=not args.no_compile and not smoke)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    header = {"command": shlex.join(["python", "scripts/gpu_check.py", *argv]), **machine_info(device)}
+    header["settings"] = (
+        f"bf16 autocast, compile {'on' if opts.compile else 'off'}, SDPA flash on CUDA; {args.steps} measured "
+        f"rounds after {args.warmup}; MFU against {peak:g} TFLOP/s; budget {args.budget_s:.0f} s"
+    )
+    report: dict[str, object] = {"rows": [], "notes": [], "parts": [], "targets": []}
+    start = time.perf_counter()
+    runners: dict[str, Callable[[], None]] = {}
+
+    def tables(rows: list[Row], notes: list[str]) -> None:
+        report["rows"] += rows
+        report["notes"] += notes
+
+    def parts(title: str, result: tuple[list[str], list[Target]]) -> None:
+        report["parts"].append((title, result[0]))
+        report["targets"] += result[1]
+
+    runners["lm"] = lambda: tables(*lm_section(lm, size, opts, args, peak))
+    runners["images"] = lambda: tables(*images_section(images, size, opts, args, peak))
+    runners["fsdp"] = lambda: parts("FSDP on one device (siamese LM slice)", fsdp_section(lm, opts, args, out))
+    runners["loss"] = lambda: parts(f"{args.loss_steps} real steps of the tiny LM", loss_section(args, out, smoke))
+    for section in sections:
+        elapsed = time.perf_counter() - start
+        if elapsed > args.budget_s:
+            report["notes"].append(f"section {section} skipped: {elapsed:.0f} s spent of the {args.budget_s:.0f} s")
+            continue
+        print(f"== {section} ({elapsed:.0f} s so far)", flush=True)
+        runners[section]()
+        if opts.device.type == "cuda":
+            torch.cuda.empty_cache()
+        header["wall time"] = f"{time.perf_counter() - start:.0f} s"
+        _write(out, header, report, opts)
+    header["load average after (1, 5, 15 min)"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    text = _write(out, header, report, opts)
+    print(text)
+    print(f"wrote {out / 'gpu_check.md'}")
+    return report
+
+
+def _write(out: Path, header: dict[str, str], report: dict, opts: Options) -> str:
+    text = markdown(report["rows"], header, report["notes"], compiled=opts.compile).replace(
+        "# Training-step benchmark", "# GPU check", 1
+    )
+    for title, lines in report["parts"]:
+        text += f"\n## {title}\n\n" + "\n".join(lines) + "\n"
+    if report["targets"]:
+        text += "\n## Checks\n\n" + "\n".join(t.line() for t in report["targets"]) + "\n"
+    (out / "gpu_check.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
