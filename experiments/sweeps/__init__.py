@@ -1,6 +1,12 @@
-"""Grids of runs and their comparison: ``sweep.py`` launches one ``fit`` process per run (resumable,
-stoppable), ``compare.py`` turns the runs' summaries into a table and plots, ``profiles.py`` draws depth
-profiles from the diagnostics, ``tb_layout.py`` writes the TensorBoard custom-scalars layout.
+"""Grids of runs and their comparison.
+
+    spec.py       the sweep file: keys, validation, the grid of runs
+    sweep.py      ``python -m experiments sweep``: run / submit, --status, --collect, --dry-run
+    launchers.py  local processes (resumable, stoppable)         cluster.py  submitit jobs (SLURM arrays, local)
+    jobs.py       what a cluster job runs (exact requeue)         status.py   where every run stands
+    progress.py   a line per running run and the grid's ETA      estimate.py, plan.py  compute before running
+    ownership.py  which directories a sweep may create or delete
+    compare.py    tables and plots from the runs' summaries; profiles.py depth profiles; tb_layout.py TensorBoard
 
 Belongs here: anything that looks at several runs at once. Never imported by the tasks.
 """

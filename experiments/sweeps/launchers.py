@@ -28,6 +28,16 @@ from experiments.sweeps.ownership import prepare_run_dir, read_json, remove_run_
 from experiments.sweeps.progress import GridProgress, Reporter
 from experiments.sweeps.spec import Run, SweepSpec
 
+_STDOUT = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line on stdout: the runs' threads print concurrently, and ``print`` writes the newline apart."""
+    with _STDOUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 DONE = ("finished", "diverged")
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as shells report them
 
@@ -109,20 +119,20 @@ def run_one(
     previous = previous_status(summary)
     untested = spec.test and previous == "finished" and "test" not in read_summary(summary)
     if previous in DONE and not untested:
-        print(f"{tag}: already done ({previous}), skipped", flush=True)
+        say(f"{tag}: already done ({previous}), skipped")
         return "skipped"
     if children.stopping.is_set():
         return "not started"
     argv = run.argv(spec, extra=run_extra_args(spec, run))
     if untested:  # stopped during its test: the fit stands, only the test runs
-        print(f"{tag}: finished but not tested, testing", flush=True)
+        say(f"{tag}: finished but not tested, testing")
     elif run_dir.exists():  # interrupted, killed mid-way ("running" or no summary yet), crashed
         attempt = f"previous attempt {previous or 'left no summary'}"
         if restart or not has_checkpoint(run_dir):
-            print(f"{tag}: {attempt}, rerunning from scratch", flush=True)
+            say(f"{tag}: {attempt}, rerunning from scratch")
             remove_run_dir(sweep_dir, name)  # so TensorBoard does not overlay the two attempts
         else:
-            print(f"{tag}: {attempt}, resuming from its last checkpoint", flush=True)
+            say(f"{tag}: {attempt}, resuming from its last checkpoint")
             argv.append("--ckpt_path=last")  # the newest readable checkpoint; curves continue exactly
     prepare_run_dir(sweep_dir, name)
     log = sweep_dir / "logs" / f"{name}.log"
@@ -130,7 +140,7 @@ def run_one(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if spec.parallel > 1:  # share the cores instead of oversubscribing them
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.parallel))
-    print(f"{tag}: running (log: {log})", flush=True)
+    say(f"{tag}: running (log: {log})")
     start = time.perf_counter()
     if progress is not None:
         progress.started(name)
@@ -145,7 +155,7 @@ def run_one(
                     test_argv = run.argv(spec, "test", extra=run_extra_args(spec, run)) + [f"--ckpt_path={ckpt}"]
                     code = children.call(test_argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
                 else:
-                    print(f"{tag}: no checkpoint to test", flush=True)
+                    say(f"{tag}: no checkpoint to test")
     finally:
         if progress is not None:
             progress.finished(name, ran=not untested)
@@ -161,19 +171,19 @@ def _report(
     record = read_summary(summary)
     status = record.get("status", "crashed")
     if status == "interrupted":
-        print(f"{tag}: interrupted at step {record.get('steps', '?')} (run the sweep again to resume)", flush=True)
+        say(f"{tag}: interrupted at step {record.get('steps', '?')} (run the sweep again to resume)")
     elif code != 0 and stopping:  # stopped during its test, or before fit could save anything
         status = "interrupted"
         what = "test interrupted (run the sweep again to test it)" if testing else "stopped before its first step"
-        print(f"{tag}: {what}", flush=True)
+        say(f"{tag}: {what}")
     elif code != 0 and status not in DONE:
         status = "crashed"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        print(f"{tag}: CRASHED (exit {code}): {tail[0][:200]}", flush=True)
+        say(f"{tag}: CRASHED (exit {code}): {tail[0][:200]}")
     else:
         value = (record.get("final_val") or {}).get(metric)
         shown = f"{metric} {value:.4g}" if value is not None else ""
-        print(f"{tag}: {status} in {time.perf_counter() - start:.0f} s {shown}", flush=True)
+        say(f"{tag}: {status} in {time.perf_counter() - start:.0f} s {shown}")
     if status == "crashed" and not summary.exists():
         atomic_write_json(summary, {"scheme": run.scheme, "lr": run.lr, "status": "crashed", "error": str(log)})
     return status
@@ -194,7 +204,7 @@ def run_locally(spec: SweepSpec, runs: list[Run], sweep_dir: Path, restart: bool
     """
     tags = {r.name(spec): f"[{i + 1}/{len(runs)}] {r.name(spec)}" for i, r in enumerate(runs)}
     progress = GridProgress(spec.name, sweep_dir, tags, spec.parallel)
-    reporter = Reporter(progress, spec.progress_every_s, lambda line: print(line, flush=True))
+    reporter = Reporter(progress, spec.progress_every_s, say)
     children, stopped_by, statuses = Children(), None, {}
     main_thread = threading.current_thread() is threading.main_thread()
     previous_handler = signal.signal(signal.SIGTERM, _raise_stopped) if main_thread else None
@@ -210,7 +220,7 @@ def run_locally(spec: SweepSpec, runs: list[Run], sweep_dir: Path, restart: bool
     except (KeyboardInterrupt, SweepStopped) as stop:
         stopped_by = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
         running = children.stop(stopped_by)
-        print(f"sweep {spec.name}: {stopped_by.name}, {running} running run(s) saving interrupted.ckpt", flush=True)
+        say(f"sweep {spec.name}: {stopped_by.name}, {running} running run(s) saving interrupted.ckpt")
         try:
             pool.shutdown(wait=True, cancel_futures=True)
         except (KeyboardInterrupt, SweepStopped):  # asked again: the runs stop now, without saving

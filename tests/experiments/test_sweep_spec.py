@@ -162,3 +162,31 @@ def test_a_sweep_whose_every_run_crashed_exits_non_zero(tmp_path: Path, monkeypa
     assert "[1/1] pre: CRASHED (exit 2)" in captured.out
     assert "error: 1 run(s) crashed: pre" in captured.err
     assert sweep.previous_status(tmp_path / "runs/lm/s/pre/summary.json") == "crashed"
+
+
+def test_collect_compares_what_finished_and_status_shows_the_rest(tmp_path: Path, monkeypatch, capsys):
+    """Mid-sweep on a cluster: one run finished, one still running (fresh progress), one never started."""
+    import json
+    import time
+
+    from tests.experiments.test_compare import summary
+
+    monkeypatch.chdir(ROOT)
+    path = write_spec(tmp_path, lrs=[1e-3, 2e-3, 3e-3])
+    sweep_dir = tmp_path / "runs/lm/s"
+    claim_sweep_dir(sweep_dir, "s", str(path))
+    for name, status in (("pre-lr0.001", "finished"), ("pre-lr0.002", "running")):
+        run = prepare_run_dir(sweep_dir, name)
+        (run / "summary.json").write_text(json.dumps(summary("pre", 1e-3, status, 1.5)))
+    progress = {"stage": "fit", "status": "running", "step": 50, "total": 300, "loss": 2.0, "steps_per_s": 5.0,
+                "eta_s": 50.0, "updated": time.time()}  # fmt: skip
+    (sweep_dir / "pre-lr0.002" / "progress.json").write_text(json.dumps(progress))
+    sweep.main(["sweep", str(path), "--collect"])
+    table = (sweep_dir / "comparison.md").read_text()
+    assert "| pre-lr0.001 |" in table and "pre-lr0.002" not in table and "pre-lr0.003" not in table
+    capsys.readouterr()
+    sweep.main(["sweep", str(path), "--status"])
+    out = capsys.readouterr().out
+    assert re.search(r"pre-lr0\.001\s+finished\s+-\s+step 300, val/loss 1\.5", out), out
+    assert re.search(r"pre-lr0\.002\s+running\s+-\s+step 50/300 \(17%\), loss 2, 5 steps/s, eta 00:\d\d", out), out
+    assert re.search(r"pre-lr0\.003\s+not started", out) and "1 finished, 1 running, 1 not started" in out, out
