@@ -26,12 +26,14 @@ from annotated_types import Ge, Interval
 from torch.utils.data import DataLoader, Subset
 
 from datamodules.samplers import shard_over_ranks
+from datamodules.shard_windows import SplitWindows
 from datamodules.shards import (
     FORMAT_VERSION,
     ShardMeta,
     check_fractions,
     has_shards,
     load_shard_tokenizer,
+    open_split,
     prepare_text_shards,
     read_meta,
 )
@@ -156,8 +158,8 @@ class TextDataModule(L.LightningDataModule):
         tokens (over the first ``BASELINE_TOKENS``). A model near it learned token frequencies, nothing more.
         None until the shards exist (``prepare_data``)."""
         if self._baseline_loss is None and has_shards(self.shard_dir):
+            tokens = open_split(self.shard_dir, "train")[:BASELINE_TOKENS]
             meta = read_meta(self.shard_dir)
-            tokens = np.memmap(self.shard_dir / "train.bin", dtype=meta.dtype, mode="r")[:BASELINE_TOKENS]
             counts = np.bincount(tokens, minlength=meta.vocab_size).astype(np.float64)
             p = counts[counts > 0] / counts.sum()
             self._baseline_loss = float(-(p * np.log(p)).sum())
@@ -218,17 +220,16 @@ class TextDataModule(L.LightningDataModule):
         self._meta = read_meta(directory)
         self._check_meta(self._meta)
         self._tokenizer = load_shard_tokenizer(directory, self._meta)
-        dtype = self._meta.dtype
         if stage in (None, "fit"):
-            self.train_dataset = TokenWindows(directory / "train.bin", dtype, self.seq_len)
+            self.train_dataset = SplitWindows(directory, "train", self.seq_len, self._meta)
             self.train_sampler = RandomWindowSampler(len(self.train_dataset), self.train_samples_per_epoch, self.seed)
         if stage in (None, "fit", "validate"):
-            self.val_dataset = self._eval_windows(directory / "val.bin", dtype)
+            self.val_dataset = self._eval_windows(directory, "val")
         if stage in (None, "test", "predict"):
-            self.test_dataset = self._eval_windows(directory / "test.bin", dtype)
+            self.test_dataset = self._eval_windows(directory, "test")
 
-    def _eval_windows(self, path: Path, dtype: str) -> Subset[torch.Tensor]:
-        windows = TokenWindows(path, dtype, self.seq_len)
+    def _eval_windows(self, directory: Path, split: str) -> Subset[torch.Tensor]:
+        windows = SplitWindows(directory, split, self.seq_len, self._meta)
         starts = eval_window_starts(windows.num_tokens, self.seq_len, self.eval_samples)
         return Subset(windows, starts.tolist())
 

@@ -1,28 +1,45 @@
-"""Offline text corpora: the embedded default and user text files.
+"""Offline text corpora: the embedded default, user text files, and web-scale document collections.
 
-The embedded corpus never touches the network (DESIGN.md section 5):
+The embedded corpus never touches the network:
 
     `bible` on PATH ?  --yes-->  King James Bible (Debian bible-kjv), verse references stripped
                        --no--->  CPython's pydoc_data.topics (ships with every interpreter)
 
-User corpora are a UTF-8 text file, or a directory whose .txt/.md files are read in sorted
-order so the same directory always gives the same token stream.
+User corpora are files or directories (searched recursively, taken in sorted relative-path order, so the
+same directory always gives the same token stream), streamed document by document, never read whole:
+
+    .txt .md                         one document per file (read in pieces cut at line starts)
+    .jsonl .jsonl.gz .jsonl.zst      one document per line: the string under ``text_key`` ("text")
+    .parquet                         one document per row: the string column ``text_key`` (FineWeb-Edu's layout)
+
+Every document carries a 64-bit key, a hash of its text, that decides its split (train / val / test), so the
+split is deterministic, independent of file order and worker count, and a document repeated in the corpus
+always lands in the same split.
 """
 
 from __future__ import annotations
 
+import codecs
+import gzip
+import hashlib
+import io
+import json
 import re
 import shutil
 import subprocess
 import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 BIBLE_COMMAND = "bible"
 BIBLE_RANGE = "Gen1:1-Rev22:21"
 BIBLE_NAME = "bible-kjv"
 PYDOC_NAME = "pydoc-topics"
 TEXT_SUFFIXES = (".txt", ".md")
+RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
+PIECE_CHARS = 1 << 20  # a text file is tokenized in pieces of about 1M characters, cut at line starts
 
 # `bible -f` starts every line with a verse reference such as "Ge1:1 " or "1Cor13:4 ".
 _VERSE_REFERENCE = re.compile(r"^[1-3]?[A-Za-z]+\d+:\d+ ", re.MULTILINE)
@@ -140,3 +157,174 @@ def load_corpus(source: str) -> Corpus:
     if source == "embedded":
         return load_embedded_corpus()
     return Corpus(read_text_path(source), Path(source).resolve().stem or "corpus")
+
+
+##################################################################################
+#                    Streaming inputs: files of documents                        #
+##################################################################################
+
+# A piece boundary inside a text document: a newline followed by a non-space, so no whitespace run or word is
+# ever cut in two (byte-level pre-tokenization would split it differently): pieces tokenize as the whole does.
+_PIECE_BOUNDARY = re.compile(r"\n(?=\S)")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file: where it is, how its documents are stored, and its size on disk."""
+
+    path: Path
+    kind: str  # "text", "jsonl" or "parquet"
+    size: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text of one document (all of it, or one piece of a long text file) and the document's split key."""
+
+    text: str
+    key: int  # 64-bit hash of the whole document's text: decides its split
+    end: bool  # the last piece of its document (an end-of-document token follows it)
+
+
+def input_kind(path: Path) -> str | None:
+    """ "text", "jsonl", "parquet", or None for a file the reader does not take."""
+    name = path.name.lower()
+    if name.endswith(TEXT_SUFFIXES):
+        return "text"
+    if name.endswith(RECORD_SUFFIXES[:3]):
+        return "jsonl"
+    return "parquet" if name.endswith(".parquet") else None
+
+
+def list_inputs(sources: Sequence[str | Path]) -> list[InputFile]:
+    """Every input file of ``sources`` (files, or directories searched recursively), in a fixed order.
+
+    Raises:
+        FileNotFoundError: a source does not exist.
+        ValueError: a file of an unknown kind, or no input file at all (one line, naming the path).
+    """
+    valid = "valid: .txt .md .jsonl .jsonl.gz .jsonl.zst .parquet files or directories of them"
+    found: list[InputFile] = []
+    for source in sources:
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"input {str(path)!r} does not exist; {valid}")
+        if path.is_dir():
+            files = sorted((p for p in path.rglob("*") if p.is_file() and input_kind(p)),
+                           key=lambda p: p.relative_to(path).as_posix())  # fmt: skip
+            if not files:
+                raise ValueError(f"input directory {str(path)!r} holds no input files; {valid}")
+        elif input_kind(path) is None:
+            raise ValueError(f"input {str(path)!r} is not a known kind of file; {valid}")
+        else:
+            files = [path]
+        found += [InputFile(f, input_kind(f), f.stat().st_size) for f in files]  # type: ignore[arg-type]
+    if not found:
+        raise ValueError(f"no input given; {valid}")
+    return found
+
+
+def document_key(text: str) -> int:
+    """The 64-bit split key of a document: blake2b of its UTF-8 text."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _open_binary(path: Path) -> tuple[BinaryIO, BinaryIO]:
+    """(decompressed stream, the raw file whose ``tell()`` says how far into the file the reader is)."""
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller through the pair
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return io.BufferedReader(gzip.GzipFile(fileobj=raw)), raw
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)), raw
+    return raw, raw
+
+
+def iter_pieces(item: InputFile, text_key: str = "text", skip: int = 0) -> Iterator[tuple[Piece, int]]:
+    """The pieces of an input file in order, each with how many bytes of the file are consumed after it.
+
+    Args:
+        item: the file.
+        text_key: the JSON key / parquet column holding the text.
+        skip: pieces already done (a resumed preparation re-reads them without yielding them).
+    """
+    reader = {"text": _text_pieces, "jsonl": _jsonl_pieces, "parquet": _parquet_pieces}[item.kind]
+    for index, (piece, position) in enumerate(reader(item, text_key)):
+        if index >= skip:
+            yield piece, position
+
+
+def _text_key_of_file(path: Path) -> int:
+    digest = hashlib.blake2b(digest_size=8)
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def _text_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int]]:
+    key = _text_key_of_file(item.path)  # the document's key must be known before its first piece goes out
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    buffer, consumed = "", 0
+    with open(item.path, "rb") as fh:
+        while True:
+            block = fh.read(PIECE_CHARS)
+            try:
+                buffer += decoder.decode(block, final=not block)
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"text file {str(item.path)!r} is not valid UTF-8 (bad byte at offset {consumed + err.start}); "
+                    "text corpora must be UTF-8 encoded"
+                ) from None
+            consumed += len(block)
+            while len(buffer) > PIECE_CHARS and (cut := _PIECE_BOUNDARY.search(buffer, PIECE_CHARS)):
+                yield Piece(buffer[: cut.end()], key, end=False), consumed
+                buffer = buffer[cut.end() :]
+            if not block:
+                break
+    yield Piece(buffer, key, end=True), consumed
+
+
+def _jsonl_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int]]:
+    stream, raw = _open_binary(item.path)
+    try:
+        for number, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{str(item.path)!r} line {number} is not JSON ({err})") from None
+            text = record.get(text_key) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(f"{str(item.path)!r} line {number} has no string {text_key!r}; valid keys: {keys}")
+            yield Piece(text, document_key(text), end=True), raw.tell()
+    except (OSError, EOFError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise ValueError(f"{str(item.path)!r} cannot be decompressed ({err})") from None
+    finally:
+        stream.close()
+        raw.close()
+
+
+def _parquet_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(item.path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a file that is not parquet
+        raise ValueError(f"{str(item.path)!r} is not a readable parquet file ({err})") from None
+    columns = table.schema_arrow.names
+    if text_key not in columns:
+        raise ValueError(f"{str(item.path)!r} has no column {text_key!r}; valid columns: {columns}")
+    rows, done = max(1, table.metadata.num_rows), 0
+    for batch in table.iter_batches(batch_size=1024, columns=[text_key]):
+        for text in batch.column(0).to_pylist():
+            done += 1
+            if text is None:
+                continue
+            yield Piece(text, document_key(text), end=True), item.size * done // rows

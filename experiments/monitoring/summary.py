@@ -1,9 +1,18 @@
-"""``summary.json``: what a run records about itself (scheme, curves, final metrics, status) for sweeps to compare."""
+"""What a run records about itself: ``summary.json`` (scheme, curves, final metrics, status) for sweeps to
+compare, ``progress.json`` (step / total, latest loss, steps/s, ETA; rewritten every few seconds) for a sweep
+to show while the run trains, and the marker file that says the directory is a suite run.
+
+    <run_dir>/summary.json     at each validation, at the end, on a stop or crash, after test
+    <run_dir>/progress.json    every ``progress_every_s`` seconds while training or testing, and at the end
+    <run_dir>/.suite-run.json  when the fit starts: only directories holding it are ever deleted by a sweep
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -12,14 +21,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from experiments.monitoring.divergence import DivergenceDetector
-
-
-def atomic_write_json(path: Path, payload: dict) -> None:
-    """Writes JSON through a temp file and ``os.replace`` so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=float))
-    os.replace(tmp, path)
+from experiments.monitoring.records import (  # noqa: F401 - re-exported: where run files were always found
+    PROGRESS_FILE,
+    RUN_MARKER,
+    SUMMARY_FILE,
+    atomic_write_json,
+    mark_run_dir,
+)
 
 
 class RunSummary(Callback):
@@ -29,10 +37,17 @@ class RunSummary(Callback):
 
     Args:
         log_every_n_steps: how often the training loss enters the curve.
+        progress_every_s: how often ``progress.json`` is rewritten while the run trains or tests.
     """
 
-    def __init__(self, log_every_n_steps: int = 10) -> None:
+    def __init__(self, log_every_n_steps: int = 10, progress_every_s: float = 5.0) -> None:
+        if log_every_n_steps < 1 or progress_every_s <= 0:
+            raise ValueError(
+                f"summary.log_every_n_steps={log_every_n_steps} must be >= 1 and "
+                f"summary.progress_every_s={progress_every_s} > 0"
+            )
         self.log_every_n_steps = log_every_n_steps
+        self.progress = ProgressFile(progress_every_s)
         self.train_curve: list[tuple[int, float]] = []
         self.val_curve: list[tuple[int, dict[str, float]]] = []
         self.start = time.perf_counter()
@@ -41,12 +56,19 @@ class RunSummary(Callback):
         self.status = "running"
 
     def _path(self, trainer: L.Trainer) -> Path | None:
-        return Path(trainer.log_dir) / "summary.json" if trainer.log_dir else None
+        return Path(trainer.log_dir) / SUMMARY_FILE if trainer.log_dir else None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.perf_counter()
         # What a context-free predictor scores on this data (LM: unigram entropy), when the data knows it.
         self.baseline_loss = getattr(trainer.datamodule, "baseline_loss", None)
+        if trainer.log_dir and trainer.global_rank == 0:
+            mark_run_dir(Path(trainer.log_dir))
+            self.progress.start(Path(trainer.log_dir) / PROGRESS_FILE, "fit", trainer.global_step)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.progress.total = _total_steps(trainer)  # once: Lightning's estimate walks the loaders
+        self.progress.restart_clock(trainer.global_step)  # a resumed fit's step is known only now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -55,6 +77,9 @@ class RunSummary(Callback):
             if trainer.world_size > 1:  # each rank logged its own shard's loss: the curve holds their mean
                 loss = trainer.strategy.reduce(loss, reduce_op="mean")
             self.train_curve.append((step, float(loss)))
+        if trainer.global_rank == 0 and self.progress.due():
+            loss = trainer.callback_metrics.get("train/loss")
+            self.progress.write(step, self.progress.total, float(loss) if loss is not None else None)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":  # a standalone validate keeps the fit's record
@@ -67,10 +92,26 @@ class RunSummary(Callback):
         detector = next((c for c in trainer.callbacks if isinstance(c, DivergenceDetector)), None)
         self.status = "diverged" if detector is not None and detector.diverged_at is not None else "finished"
         self.write(trainer, pl_module)
+        if trainer.global_rank == 0:
+            self.progress.write(trainer.global_step, self.progress.total, self._last_loss(), status=self.status)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.status = "interrupted" if isinstance(exception, KeyboardInterrupt | SIGTERMException) else "crashed"
         self.write(trainer, pl_module, error=f"{type(exception).__name__}: {exception}")
+        if trainer.global_rank == 0 and self.progress.path is not None:
+            self.progress.write(trainer.global_step, self.progress.total, self._last_loss(), status=self.status)
+
+    def _last_loss(self) -> float | None:
+        return self.train_curve[-1][1] if self.train_curve else None
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.log_dir and trainer.global_rank == 0:
+            self.progress.start(Path(trainer.log_dir) / PROGRESS_FILE, "test", 0)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if trainer.global_rank == 0 and self.progress.due():
+            total = trainer.num_test_batches[dataloader_idx] if trainer.num_test_batches else None
+            self.progress.write(batch_idx + 1, total if total != float("inf") else None, None)
 
     def wall_time_s(self) -> float:
         return self.earlier_wall_time_s + time.perf_counter() - self.start
@@ -88,6 +129,7 @@ class RunSummary(Callback):
             return
         if trainer.global_rank != 0:
             return
+        self.progress.write(self.progress.step, self.progress.total, None, status="tested")
         payload = json.loads(path.read_text()) if path.exists() else {}
         payload["test"] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
         # How the test metrics were measured (sample counts, samplers, references, task lists ...), when the
@@ -123,3 +165,63 @@ class RunSummary(Callback):
                 "val_curve": self.val_curve,
             },
         )
+
+
+def _total_steps(trainer: L.Trainer) -> int | None:
+    """The step the fit ends at: ``max_steps``, else Lightning's estimate from epochs (None if unbounded)."""
+    if trainer.max_steps and trainer.max_steps > 0:
+        return int(trainer.max_steps)
+    try:
+        total = trainer.estimated_stepping_batches
+    except Exception:  # noqa: BLE001 - no loader yet, or an infinite one: the total is unknown
+        return None
+    return int(total) if total != float("inf") else None
+
+
+class ProgressFile:
+    """``progress.json``: a few numbers about where the run stands, rewritten atomically every few seconds.
+
+    Read by the sweep (``experiments.sweeps.progress``) to print a line per run with its ETA; cheap enough to
+    write from rank zero of any run (one ``float()`` of the loss per interval, no collective).
+
+    Args:
+        every_s: seconds between writes.
+    """
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.path: Path | None = None
+        self.stage, self.step, self.total = "fit", 0, None
+        self._last_write = 0.0
+        self._rate: float | None = None
+        self._mark: tuple[float, int] | None = None  # (time, step) the rate is measured from
+
+    def start(self, path: Path, stage: str, step: int) -> None:
+        self.path, self.stage, self.step, self.total = path, stage, step, None
+        self._rate, self._mark = None, (time.monotonic(), step)
+        self._last_write = time.monotonic()  # the first write comes one interval in, with a measured rate
+
+    def restart_clock(self, step: int) -> None:
+        """Measures the rate from ``step`` on (the step a resumed fit continues from)."""
+        self.step, self._rate, self._mark = step, None, (time.monotonic(), step)
+
+    def due(self) -> bool:
+        return self.path is not None and time.monotonic() - self._last_write >= self.every_s
+
+    def write(self, step: int, total: int | None, loss: float | None, status: str = "running") -> None:
+        if self.path is None:
+            return
+        now = time.monotonic()
+        if self._mark is not None and now > self._mark[0] and step > self._mark[1]:
+            rate = (step - self._mark[1]) / (now - self._mark[0])
+            self._rate = rate if self._rate is None else 0.5 * self._rate + 0.5 * rate  # smooth out slow steps
+            self._mark = (now, step)
+        self.step, self.total, self._last_write = step, total, now
+        eta = (total - step) / self._rate if self._rate and total is not None and status == "running" else None
+        payload = {
+            "stage": self.stage, "status": status, "step": step, "total": total, "loss": loss,
+            "steps_per_s": self._rate, "eta_s": eta, "updated": time.time(), "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }  # fmt: skip
+        with contextlib.suppress(OSError):  # progress is a courtesy: a full disk must not stop the run here
+            atomic_write_json(self.path, payload, indent=None)

@@ -1,4 +1,5 @@
-"""Token shards: dtype choice, contiguous split, memmap round trip, meta checks, the prepare CLI."""
+"""Token shards: dtype choice, contiguous split of one document, memmap round trip, manifest checks, the first
+format, the prepare CLI on plain text files."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def test_write_then_memmap_read_round_trip(tmp_path: Path, vocab: int, dtype: ty
     assert all(isinstance(p, np.memmap) and p.dtype == dtype for p in parts)
     assert [len(p) for p in parts] == [meta.split_tokens[s] for s in SPLITS] == [8001, 1000, 1000]
     np.testing.assert_array_equal(np.concatenate(parts), tokens)
-    assert (tmp_path / "train.bin").stat().st_size == 8001 * np.dtype(dtype).itemsize  # flat, no header
+    assert (tmp_path / "tokens-00000.bin").stat().st_size == 10_001 * np.dtype(dtype).itemsize  # flat, no header
+    assert meta.files["val"] == [{"file": "tokens-00000.bin", "offset": 8001, "tokens": 1000}]
     saved = json.loads((tmp_path / "meta.json").read_text())
     assert saved["split_fractions"] == {"train": 0.8, "val": 0.1, "test": 0.1}
     assert saved["tokenizer"] == "byte" and saved["vocab_size"] == vocab
@@ -95,9 +97,24 @@ def test_missing_meta_and_truncated_shard_are_named(tmp_path: Path) -> None:
         val_fraction=0.1,
         test_fraction=0.1,
     )
-    (tmp_path / "val.bin").write_bytes(b"\x00\x00")
-    with pytest.raises(ValueError, match=r"val\.bin' has 2 bytes, meta\.json expects 10 uint16 tokens"):
+    (tmp_path / "tokens-00000.bin").write_bytes(b"\x00\x00")
+    with pytest.raises(ValueError, match=r"tokens-00000\.bin' has 2 bytes, meta\.json expects 100 uint16 tokens"):
+        open_shard(tmp_path, "test")
+    (tmp_path / "tokens-00000.bin").write_bytes(b"\x00\x00\x00")
+    with pytest.raises(ValueError, match=r"tokens-00000\.bin' has 3 bytes, not a whole number of uint16 tokens"):
         open_shard(tmp_path, "val")
+
+
+def test_shards_of_the_first_format_still_load(tmp_path: Path) -> None:
+    tokens = (np.arange(100) % 256).astype("<u2")
+    for split, part in zip(SPLITS, (tokens[:80], tokens[80:90], tokens[90:]), strict=True):
+        part.tofile(tmp_path / f"{split}.bin")
+    ByteTokenizer().save(tmp_path)
+    meta = {"dtype": "uint16", "vocab_size": 256, "tokenizer": "byte", "tokenizer_vocab_size": 256, "num_tokens": 100,
+            "split_tokens": {"train": 80, "val": 10, "test": 10}, "corpus": "c", "source": "s", "format_version": 1,
+            "split_fractions": {"train": 0.8, "val": 0.1, "test": 0.1}}  # fmt: skip
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    np.testing.assert_array_equal(np.concatenate([open_shard(tmp_path, s) for s in SPLITS]), tokens)
 
 
 @pytest.mark.parametrize(
@@ -141,9 +158,11 @@ def _write(path: Path) -> str:
     return str(path)
 
 
-def test_prepare_cli_reports_a_bad_input_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match=re.escape(f"error: text source {str(tmp_path / 'x')!r} does not exist")):
+def test_prepare_cli_reports_a_bad_input_in_one_line(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
         prepare_main(["--input", str(tmp_path / "x"), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: input {str(tmp_path / 'x')!r} does not exist; valid: .txt")
     assert not (tmp_path / "out").exists()
 
 

@@ -58,9 +58,9 @@ def test_splits_are_deterministic_contiguous_and_disjoint(corpus: str, tmp_path:
 
 def test_shards_are_cached_per_source_and_tokenizer(corpus: str, tmp_path: Path) -> None:
     dm = _ready(corpus, tmp_path)
-    stamp = (dm.shard_dir / "train.bin").stat().st_mtime_ns
+    stamp = (dm.shard_dir / "meta.json").stat().st_mtime_ns
     again = _ready(corpus, tmp_path)
-    assert again.shard_dir == dm.shard_dir and (dm.shard_dir / "train.bin").stat().st_mtime_ns == stamp
+    assert again.shard_dir == dm.shard_dir and (dm.shard_dir / "meta.json").stat().st_mtime_ns == stamp
     other_text = tmp_path / "other.txt"
     other_text.write_text(TEXT[::-1])
     assert _ready(str(other_text), tmp_path).shard_dir != dm.shard_dir

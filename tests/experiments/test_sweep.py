@@ -20,6 +20,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
 from experiments.cli import main as cli_main
 from experiments.monitoring.divergence import DivergenceDetector
+from experiments.monitoring.records import RUN_MARKER
 from experiments.sweeps import sweep
 from experiments.sweeps.tb_layout import LAYOUT_SUFFIX
 from tests.experiments.tiny import tiny_lm
@@ -261,6 +262,7 @@ def test_a_finished_run_stopped_during_its_test_is_only_tested(tmp_path: Path, m
     sweep_file.write_text(yaml.safe_dump(spec))
     run_dir = tmp_path / "runs/lm/t/pre"
     (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / RUN_MARKER).write_text("{}")  # what every run writes when it starts
     (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"checkpoint")
     (run_dir / "summary.json").write_text(json.dumps({"scheme": "pre", "status": "finished"}))
     calls = []

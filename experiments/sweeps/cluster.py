@@ -1,0 +1,226 @@
+"""The submitit launcher: every run of the grid one job, the grid one SLURM job array.
+
+    launcher: {kind: submitit, cluster: slurm, partition: gpu, nodes: 1, gpus_per_node: 8, timeout_min: 1440, ...}
+
+``sweep SPEC`` submits the runs that are not done and not already queued or running, records their job ids
+in ``<sweep>/jobs.json`` and returns at once; ``sweep SPEC --status`` reads the jobs and the run directories,
+``sweep SPEC --collect`` rebuilds the comparison from what has finished, ``--wait`` stays and prints progress.
+Each job runs :class:`experiments.sweeps.jobs.FitJob`. The job script is submitit's, with one task per GPU
+(Lightning's SLURM environment takes its ranks from ``srun``), ``--requeue`` and the requeue signal
+``--signal=SIGUSR1@<signal_delay_s>``. ``cluster: local`` runs the same jobs on this machine through submitit's
+local executor (tests, a workstation), ``array_parallelism`` at a time, the sweep waiting for them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from experiments.monitoring.records import SUMMARY_FILE, atomic_write_json
+from experiments.sweeps.estimate import run_extra_args
+from experiments.sweeps.jobs import DONE, FitJob
+from experiments.sweeps.ownership import prepare_run_dir, read_json, remove_run_dir
+from experiments.sweeps.spec import Run, SweepSpec
+
+JOBS_FILE = "jobs.json"
+SUBMITIT_DIR = "submitit"
+QUEUED = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "SUSPENDED", "RESV_DEL_HOLD"}
+RUNNING = {"RUNNING", "COMPLETING", "RESIZING", "STAGE_OUT", "SIGNALING"}
+ACTIVE = QUEUED | RUNNING
+
+
+def slurm_parameters(spec: SweepSpec) -> dict[str, Any]:
+    """``SlurmExecutor.update_parameters`` arguments (submitit's own names) for the spec's launcher."""
+    la = spec.launcher
+    params: dict[str, Any] = {
+        "job_name": f"sweep-{spec.name}",
+        "time": la["timeout_min"],
+        "nodes": la["nodes"],
+        "ntasks_per_node": max(1, la["gpus_per_node"]),  # one task per GPU: Lightning's ranks are srun's tasks
+        "signal_delay_s": la["signal_delay_s"],
+        "array_parallelism": la["array_parallelism"],
+        "stderr_to_stdout": True,
+        # The requeue signal Lightning's SLURM environment names (submitit's own default is USR2), and
+        # permission to requeue the job.
+        "additional_parameters": {"signal": f"SIGUSR1@{la['signal_delay_s']}", "requeue": True, **la["extra"]},
+    }
+    optional = {
+        "partition": la["partition"],
+        "gpus_per_node": la["gpus_per_node"] or None,
+        "cpus_per_task": la["cpus_per_task"],
+        "account": la["account"],
+        "qos": la["qos"],
+        "mem": f"{int(la['mem_gb'])}GB" if la["mem_gb"] else None,
+        "setup": la["setup"] or None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    return params
+
+
+def sbatch_script(spec: SweepSpec, num_jobs: int, folder: Path) -> str:
+    """The sbatch script submitit writes for ``num_jobs`` runs of the spec (an array when more than one).
+
+    Built by submitit's own script writer with the parameters the executor gets, so it reads the same as
+    the submitted one; no SLURM is needed to look at it.
+    """
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command = " ".join([sys.executable, "-u -m submitit.core._submit", str(folder)])
+    return _make_sbatch_string(
+        command=command, folder=folder, map_count=num_jobs if num_jobs > 1 else None, **slurm_parameters(spec)
+    )
+
+
+def make_executor(spec: SweepSpec, folder: Path):
+    """A submitit executor for the spec's cluster, its parameters set."""
+    import submitit
+
+    la = spec.launcher
+    if la["cluster"] == "local":
+        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=la["max_requeues"])
+        executor.update_parameters(
+            timeout_min=la["timeout_min"],
+            tasks_per_node=1,
+            gpus_per_node=la["gpus_per_node"],
+            signal_delay_s=la["signal_delay_s"],
+            stderr_to_stdout=True,
+            **({"setup": la["setup"]} if la["setup"] else {}),
+        )
+        return executor
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=la["max_requeues"])
+    executor.update_parameters(**slurm_parameters(spec))
+    return executor
+
+
+def fit_job(spec: SweepSpec, run: Run, sweep_dir: Path) -> FitJob:
+    """The job of one run: its fit (and test) commands, as the process launcher would run them."""
+    extra = run_extra_args(spec, run)
+    name = run.name(spec)
+    return FitJob(
+        fit_argv=run.argv(spec, extra=extra),
+        test_argv=run.argv(spec, "test", extra=extra) if spec.test else None,
+        run_dir=str((sweep_dir / name).resolve()),
+        log=str((sweep_dir / "logs" / f"{name}.log").resolve()),
+        cwd=os.getcwd(),
+        threads=spec.launcher["cpus_per_task"],
+        max_requeues=spec.launcher["max_requeues"],
+    )
+
+
+def read_jobs(sweep_dir: Path) -> dict[str, dict]:
+    """``jobs.json``: run name -> {job_id, cluster, folder, submitted}."""
+    return read_json(sweep_dir / JOBS_FILE)
+
+
+def job_state(record: dict) -> str:
+    """The scheduler's state of a recorded job ("PENDING", "RUNNING", "COMPLETED", "FAILED", ...; "UNKNOWN")."""
+    if record.get("cluster") == "local":
+        return _local_state(record)
+    try:
+        import submitit
+
+        return str(submitit.SlurmJob(folder=record["folder"], job_id=record["job_id"]).state).split()[0]
+    except Exception:  # noqa: BLE001 - no sacct here, or the job is too old for it: unknown, not fatal
+        return "UNKNOWN"
+
+
+def _local_state(record: dict) -> str:
+    """A local job's controller process: alive (running) or not (done), read from /proc across processes."""
+    pid = int(record["job_id"])
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "COMPLETED"
+    alive = b"submitit" in cmdline and stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    return "RUNNING" if alive else "COMPLETED"
+
+
+class Submission:
+    """Submits a spec's runs and, for the local executor (no queue of its own), starts the rest as slots free.
+
+    Args:
+        spec: the sweep.
+        sweep_dir: its directory.
+        emit: where progress lines go.
+    """
+
+    def __init__(self, spec: SweepSpec, sweep_dir: Path, emit=print) -> None:
+        self.spec, self.sweep_dir, self.emit = spec, sweep_dir, emit
+        self.folder = (sweep_dir / SUBMITIT_DIR).resolve()
+        self.records = read_jobs(sweep_dir)
+        self.jobs: list = []  # submitit jobs submitted by this process
+        self.pending: list[Run] = []
+        self._executor = None
+
+    def submit(self, runs: list[Run], restart: bool) -> int:
+        """Submits every run that is not done and has no active job; returns how many were submitted.
+
+        A run with a queued or running job is left alone; an unfinished one resumes from its newest checkpoint
+        when its job starts, or from scratch with ``--restart`` (its directory removed first, if the suite made it).
+        """
+        todo = []
+        for run in runs:
+            name = run.name(self.spec)
+            if is_done(self.spec, self.sweep_dir / name):
+                continue
+            if name in self.records and (state := job_state(self.records[name])) in ACTIVE:
+                self.emit(f"{name}: job {self.records[name]['job_id']} is {state.lower()}, left as it is")
+                continue
+            if restart and read_json(self.sweep_dir / name / SUMMARY_FILE).get("status") not in DONE:
+                remove_run_dir(self.sweep_dir, name)  # a finished run only missing its test keeps its fit
+            prepare_run_dir(self.sweep_dir, name)
+            todo.append(run)
+        if not todo:
+            return 0
+        local = self.spec.launcher["cluster"] == "local"
+        limit = self.spec.launcher["array_parallelism"] if local else len(todo)
+        self.pending = todo[limit:]
+        submitted = self._submit(todo[:limit])
+        first = str(submitted[0].job_id)
+        array = f", job array {first.split('_')[0]}" if len(submitted) > 1 and "_" in first else ""
+        waiting = f", {len(self.pending)} waiting for a free slot" if self.pending else ""
+        self.emit(
+            f"sweep {self.spec.name}: submitted {len(submitted)} job(s) to {self.spec.launcher['cluster']}"
+            f"{array}{waiting}"
+        )
+        return len(todo)
+
+    def top_up(self) -> None:
+        """Local executor: starts waiting runs while fewer than ``array_parallelism`` jobs run."""
+        free = self.spec.launcher["array_parallelism"] - sum(not job.done() for job in self.jobs)
+        if self.pending and free > 0:
+            batch, self.pending = self.pending[:free], self.pending[free:]
+            self._submit(batch)
+            self.emit(f"sweep {self.spec.name}: started {len(batch)} more local job(s), {len(self.pending)} waiting")
+
+    def active(self) -> bool:
+        """Whether jobs submitted here still run, or runs still wait for a slot."""
+        return bool(self.pending) or any(not job.done() for job in self.jobs)
+
+    def _submit(self, runs: list[Run]) -> list:
+        if self._executor is None:
+            self._executor = make_executor(self.spec, self.folder)
+        payloads = [fit_job(self.spec, run, self.sweep_dir) for run in runs]
+        with self._executor.batch():  # one job array on SLURM
+            submitted = [self._executor.submit(job) for job in payloads]
+        for run, job in zip(runs, submitted, strict=True):
+            self.records[run.name(self.spec)] = {
+                "job_id": str(job.job_id),
+                "cluster": self.spec.launcher["cluster"],
+                "folder": str(self.folder),
+                "submitted": time.time(),
+            }
+        atomic_write_json(self.sweep_dir / JOBS_FILE, self.records)
+        self.jobs += submitted
+        return submitted
+
+
+def is_done(spec: SweepSpec, run_dir: Path) -> bool:
+    """Finished or diverged (and tested, when the spec tests): nothing left to run."""
+    summary = read_json(run_dir / SUMMARY_FILE)
+    status = summary.get("status")
+    return status in DONE and not (spec.test and status == "finished" and "test" not in summary)

@@ -1,0 +1,255 @@
+"""What a run will cost before it runs: its resolved config, its step budget and its compute.
+
+    run argv --resolve--> config dict (the -c files merged in order, then --key=value, as the CLI does)
+             --budget---> --trainer.max_steps / --trainer.max_epochs from ``budget: {tokens|steps|epochs}``
+             --estimate-> FLOPs: LM 6 N D (N: parameters without the input embedding, D: tokens);
+                          ViT / DiT: FLOPs of one image's forward + backward, measured with
+                          torch.utils.flop_counter on the meta device, times the images trained on
+                          (DiT with ``test``: plus the sampler's forward passes for FID)
+             --hours----> GPU-hours = FLOPs / (peak FLOP/s x MFU), the MFU stated with the number
+
+The merge here covers what the estimate reads (sizes, batch, devices, budget); the sweep never builds a task
+module (runs are processes). A test checks it against the real CLI for every run of every shipped spec.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from torch.utils.flop_counter import FlopCounterMode
+
+from experiments.sweeps.spec import Run, SpecError, SweepSpec
+from models import TrunkConfig, count_params
+from models.dit import DiT
+from models.lm import LanguageModel
+from models.vit import ViTClassifier
+
+TASKS = {"LanguageModeling": "lm", "ImageClassification": "vit", "LatentDiffusion": "dit"}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def resolve_config(argv: list[str]) -> dict:
+    """The config a ``fit`` argv amounts to: ``-c`` files deep-merged in order, then ``--a.b=v`` set.
+
+    Appending list options (``--trainer.callbacks+=...``) and options inside lists are skipped: nothing the
+    estimate reads lives there.
+    """
+    config: dict = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-c", "--config"):
+            loaded = yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
+            config = _merge(config, loaded if isinstance(loaded, dict) else {})
+            i += 2
+            continue
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            if not key.endswith("+") and not key.startswith("trainer.callbacks"):
+                node = config
+                *parents, leaf = key.split(".")
+                for part in parents:
+                    node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+                node[leaf] = yaml.safe_load(value) if value else None
+        i += 1
+    return config
+
+
+def _init(config: dict, section: str) -> dict:
+    return (config.get(section) or {}).get("init_args") or {}
+
+
+def task_name(config: dict) -> str:
+    return TASKS.get(str((config.get("model") or {}).get("class_path", "")).rsplit(".", 1)[-1], "other")
+
+
+def world_size(spec: SweepSpec, config: dict) -> int | None:
+    """Devices a run trains on: the launcher's nodes x GPUs, else the config's ``devices x num_nodes``."""
+    if spec.submitit and spec.launcher["gpus_per_node"]:
+        return spec.launcher["nodes"] * spec.launcher["gpus_per_node"]
+    trainer = config.get("trainer") or {}
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1) or 1
+    return devices * nodes if isinstance(devices, int) and devices > 0 else None
+
+
+def samples_per_step(spec: SweepSpec, config: dict) -> int | None:
+    """Tokens (LM) or images (ViT, DiT) per optimizer step over all devices."""
+    data, world = _init(config, "data"), world_size(spec, config)
+    accumulate = (config.get("trainer") or {}).get("accumulate_grad_batches", 1) or 1
+    if data.get("global_batch_size"):
+        batch = int(data["global_batch_size"])
+    elif world is None or not data.get("batch_size"):
+        return None
+    else:
+        batch = int(data["batch_size"]) * world
+    return batch * accumulate * (int(data.get("seq_len", 128)) if task_name(config) == "lm" else 1)
+
+
+def launcher_args(spec: SweepSpec) -> list[str]:
+    """The devices a submitit job holds, given to Lightning (its SLURM environment checks they match)."""
+    if not spec.submitit or not spec.launcher["gpus_per_node"]:
+        return []
+    return [f"--trainer.num_nodes={spec.launcher['nodes']}", f"--trainer.devices={spec.launcher['gpus_per_node']}"]
+
+
+def budget_args(spec: SweepSpec, run: Run) -> list[str]:
+    """``--trainer.max_steps`` / ``--trainer.max_epochs`` for the spec's budget ([] without one)."""
+    if not spec.budget:
+        return []
+    ((kind, value),) = spec.budget.items()
+    if kind == "steps":
+        return [f"--trainer.max_steps={value}"]
+    if kind == "epochs":
+        return [f"--trainer.max_epochs={value}", "--trainer.max_steps=-1"]
+    config = resolve_config(run.argv(spec, extra=launcher_args(spec))[4:])
+    per_step = samples_per_step(spec, config)
+    if task_name(config) != "lm" or per_step is None:
+        raise SpecError(
+            f"budget.tokens needs an LM config with a known global batch ({spec.source}); "
+            "valid: budget.steps or budget.epochs"
+        )
+    return [f"--trainer.max_steps={math.ceil(value / per_step)}"]
+
+
+def run_extra_args(spec: SweepSpec, run: Run) -> list[str]:
+    """What the sweep adds to a run's command beyond its grid point: devices, then budget."""
+    return launcher_args(spec) + budget_args(spec, run)
+
+
+@dataclass
+class Estimate:
+    """A run's compute. ``samples``: tokens (LM) or images trained on; FLOPs and hours None when unknown."""
+
+    run: str
+    task: str
+    params: int
+    steps: int | None
+    per_step: int | None
+    samples: float | None
+    train_flops: float | None
+    test_flops: float | None
+    world: int | None
+    gpu_hours: float | None
+    note: str = ""
+
+
+@functools.lru_cache(maxsize=64)
+def _measured(task: str, key: str) -> tuple[int, int, float, float]:
+    """(parameters, 6ND parameters, training FLOPs per sample, forward FLOPs per sample) of a network."""
+    args = json.loads(key)
+    trunk = TrunkConfig(**args.pop("trunk"))
+    with torch.device("meta"):
+        if task == "lm":
+            net = LanguageModel(trunk, **args)
+            total = count_params(net, active=True)
+            flop_params = total - (0 if args.get("tie_embeddings") else net.embed.weight.numel())
+            return total, flop_params, 6.0 * flop_params, 2.0 * flop_params
+        if task == "vit":
+            net = ViTClassifier(trunk, **args)
+            inputs = (torch.zeros(1, 3, args["img_size"], args["img_size"]),)
+        else:
+            net = DiT(trunk, **args)
+            size, ch = args["input_size"], args["in_channels"]
+            inputs = (torch.zeros(1, ch, size, size), torch.zeros(1), torch.zeros(1, dtype=torch.long))
+        with FlopCounterMode(display=False) as forward:
+            out = net(*inputs)
+        with FlopCounterMode(display=False) as backward:
+            out.sum().backward()
+    fwd = float(forward.get_total_flops())
+    return count_params(net), 0, fwd + float(backward.get_total_flops()), fwd
+
+
+def data_facts(task: str, config: dict, spec: SweepSpec) -> tuple[dict, str]:
+    """What the network's shape needs from the data and the config cannot say: the spec's ``dataset`` block,
+    else the latent cache's meta.json when it exists, else the embedded data's, else ImageNet's (noted)."""
+    data_cfg = config.get("data") or {}
+    facts, note = dict(spec.dataset), ""
+    if task == "dit" and "latent_size" not in facts:
+        meta = Path(str(_init(config, "data").get("cache_dir", ""))) / "meta.json"
+        try:
+            cached = json.loads(meta.read_text())
+            facts.setdefault("latent_size", int(cached["latent_size"]))
+            facts.setdefault("latent_channels", int(cached["latent_channels"]))
+            facts.setdefault("num_classes", int(cached["num_classes"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            note = "latents assumed 32x32x4 (set dataset.latent_size)"
+    if task == "vit" and str(data_cfg.get("class_path", "")).endswith("EmbeddedImageDataModule"):
+        facts.setdefault("num_classes", 10)  # Fashion-MNIST (or the digits fallback)
+    return facts, note
+
+
+def _network_args(task: str, config: dict, spec: SweepSpec) -> dict:
+    model, data = _init(config, "model"), _init(config, "data")
+    facts, _ = data_facts(task, config, spec)
+    trunk = TrunkConfig(**(model.get("trunk") or {})).to_dict()
+    if task == "lm":
+        vocab = 256 if data.get("tokenizer", "byte") == "byte" else int(data.get("bpe_vocab_size", 4096))
+        return {
+            "trunk": trunk,
+            "vocab_size": vocab,
+            "max_seq_len": int(data.get("seq_len", 128)),
+            "tie_embeddings": bool(model.get("tie_embeddings", False)),
+        }
+    if task == "vit":
+        default_size = (
+            32 if str((config.get("data") or {}).get("class_path", "")).endswith("EmbeddedImageDataModule") else 224
+        )
+        return {
+            "trunk": trunk,
+            "img_size": int(data.get("image_size", default_size)),
+            "patch_size": int(model.get("patch_size", 16)),
+            "num_classes": facts.get("num_classes", 1000),
+        }
+    return {
+        "trunk": trunk,
+        "input_size": facts.get("latent_size", 32),
+        "patch_size": int(model.get("patch_size", 2)),
+        "in_channels": facts.get("latent_channels", 4),
+        "num_classes": facts.get("num_classes", 1000),
+        "learn_sigma": bool(model.get("learn_sigma", True)),
+    }
+
+
+def estimate(spec: SweepSpec, run: Run) -> Estimate:
+    """The compute of one run of ``spec`` (with the budget and launcher applied as the sweep runs it)."""
+    argv = run.argv(spec, extra=run_extra_args(spec, run))[4:]
+    config = copy.deepcopy(resolve_config(argv))
+    task, name = task_name(config), run.name(spec)
+    trainer, model = config.get("trainer") or {}, _init(config, "model")
+    if task == "other":
+        return Estimate(name, task, 0, None, None, None, None, None, None, None, "not a trainable task config")
+    params, flop_params, train_per_sample, fwd_per_sample = _measured(
+        task, json.dumps(_network_args(task, config, spec), sort_keys=True)
+    )
+    per_step, world = samples_per_step(spec, config), world_size(spec, config)
+    steps, note = trainer.get("max_steps"), ""
+    if (steps is None or steps < 0) and trainer.get("max_epochs") and per_step:
+        images = spec.dataset.get("train_images")
+        steps = trainer["max_epochs"] * math.ceil(images / per_step) if images else None
+        note = "" if images else "epochs budget: set dataset.train_images"
+    samples = steps * per_step if steps and steps > 0 and per_step else None
+    train = samples * train_per_sample if samples else None
+    test = None
+    if task == "dit" and spec.test:
+        passes = int(model.get("fid_samples", 0)) * int(model.get("sample_steps", 0))
+        test = passes * fwd_per_sample * (2 if float(model.get("guidance_scale", 1.0)) > 1 else 1)
+    flops = None if train is None else train + (test or 0.0)
+    peak = spec.compute["peak_tflops"] * 1e12 * spec.compute["mfu"]
+    hours = flops / peak / 3600 if flops is not None else None
+    if task == "lm" and not note:
+        note = f"6ND, N={flop_params / 1e6:,.1f}M"
+    note = "; ".join(n for n in (note, data_facts(task, config, spec)[1]) if n)
+    return Estimate(name, task, params, steps, per_step, samples, train, test, world, hours, note)

@@ -1,0 +1,109 @@
+"""``sweep SPEC --dry-run``: the job list, each run's compute and the grid's, and what would be submitted.
+
+Nothing is written. The FLOPs and GPU-hours come from :mod:`experiments.sweeps.estimate`; the GPU-hours
+assume the accelerator and MFU of the spec's ``compute`` block (``--compute mfu=0.35`` changes them), and
+the line says so, since an MFU is an assumption until measured on the cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from experiments.sweeps.cluster import SUBMITIT_DIR, sbatch_script
+from experiments.sweeps.estimate import Estimate, estimate, run_extra_args
+from experiments.sweeps.spec import SweepSpec, grid, sweep_dir_of
+
+
+def _count(value: float | None) -> str:
+    """``1.28B``, ``390.9M``, ``819k``: parameters, tokens and images at a glance."""
+    if value is None:
+        return "?"
+    for factor, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.4g}{suffix}"
+    return f"{value:.4g}"
+
+
+def _flops(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"
+
+
+def _launcher_line(spec: SweepSpec, jobs: int) -> str:
+    la = spec.launcher
+    if not spec.submitit:
+        return f"launcher: local processes, {spec.parallel} at a time"
+    array = f"array of {jobs}, {min(jobs, la['array_parallelism'])} at a time" if jobs > 1 else "one job"
+    where = f"partition {la['partition']}, " if la["partition"] else ""
+    return (
+        f"launcher: submitit {la['cluster']}, {where}{la['nodes']} node(s) x {la['gpus_per_node']} GPU(s) per job, "
+        f"{la['timeout_min']} min each, {array}; requeue on SIGUSR1 {la['signal_delay_s']} s before the limit"
+    )
+
+
+def _budget_line(spec: SweepSpec, est: Estimate) -> str:
+    if not spec.budget:
+        return "budget: as the configs say"
+    ((kind, value),) = spec.budget.items()
+    unit = "tokens" if est.task == "lm" else "images"
+    per = f"{est.per_step:,} {unit}" if est.per_step else "?"
+    steps = f"{est.steps:,}" if est.steps else "?"
+    return f"budget: {kind} {value:,} -> {steps} steps of {per} (override: --budget {kind}=N)"
+
+
+def dry_run(specs: list[SweepSpec], commands: bool = False) -> str:
+    """The report ``--dry-run`` prints for every part of a sweep file."""
+    out = []
+    for spec in specs:
+        runs = grid(spec)
+        ests = [estimate(spec, run) for run in runs]
+        sweep_dir = sweep_dir_of(spec)
+        out += [
+            f"sweep {spec.name} ({spec.source}): {len(runs)} jobs into {sweep_dir}",
+            "  " + _launcher_line(spec, len(runs)),
+            "  " + _budget_line(spec, ests[0]),
+        ]
+        width = max(len(e.run) for e in ests)
+        unit = "tokens" if ests[0].task == "lm" else "images"
+        out.append(
+            f"  {'#':>3}  {'run':<{width}}  {'params':>8}  {'steps':>9}  {unit:>8}  {'FLOPs':>9}  "
+            f"{'GPU-h':>8}  {'wall-h':>7}  note"
+        )
+        for i, e in enumerate(ests, 1):
+            wall = e.gpu_hours / e.world if e.gpu_hours is not None and e.world else None
+            flops = None if e.train_flops is None else e.train_flops + (e.test_flops or 0)
+            out.append(
+                f"  {i:>3}  {e.run:<{width}}  {_count(e.params):>8}  {e.steps or 0:>9,}  {_count(e.samples):>8}  "
+                f"{_flops(flops):>9}  {_fmt_hours(e.gpu_hours):>8}  {_fmt_hours(wall):>7}  {e.note}"
+            )
+        known = [e for e in ests if e.gpu_hours is not None]
+        flops = sum(e.train_flops + (e.test_flops or 0) for e in known)
+        hours = sum(e.gpu_hours for e in known)
+        c = spec.compute
+        tested = " incl. FID sampling" if any(e.test_flops for e in ests) else ""
+        out.append(
+            f"  grid: {len(runs)} runs, {flops:.3g} FLOPs{tested}, {_fmt_hours(hours)} GPU-hours at {c['mfu']:.0%} MFU "
+            f"of {c['peak_tflops']:g} TFLOP/s per GPU ({c['gpu']})"
+            + (f"; {len(ests) - len(known)} run(s) unknown" if len(known) < len(ests) else "")
+        )
+        walls = [e.gpu_hours / e.world for e in known if e.world]
+        if spec.submitit and walls:
+            jobs_per_run = math.ceil(max(walls) * 60 / spec.launcher["timeout_min"])
+            out.append(
+                f"  per run: up to {max(walls):,.1f} h on {known[0].world} GPU(s), i.e. {jobs_per_run} job(s) of "
+                f"{spec.launcher['timeout_min']} min, requeued in between"
+            )
+        if spec.submitit and spec.launcher["cluster"] == "slurm":
+            script = sbatch_script(spec, len(runs), Path(sweep_dir / SUBMITIT_DIR).resolve())
+            out += ["  sbatch script (submitit):"] + [f"    {line}" for line in script.splitlines() if line.strip()]
+        if commands:
+            lines = [" ".join(["python", *r.argv(spec, extra=run_extra_args(spec, r))[1:]]) for r in runs]
+            out += ["  commands:"] + [f"    {line}" for line in lines]
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _fmt_hours(hours: float | None) -> str:
+    if hours is None:
+        return "?"
+    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.2g}"

@@ -1,0 +1,145 @@
+"""The submitit launcher: a real 2-run sweep through submitit's local executor, one run requeued the way SLURM
+does it, against the process launcher; the SLURM job script read back without SLURM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.sweeps import sweep
+from experiments.sweeps.cluster import fit_job, sbatch_script
+from experiments.sweeps.spec import grid, load_specs
+from tests.experiments.tiny import tiny_lm
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 40
+
+
+def spec_file(tmp_path: Path, name: str, **keys) -> Path:
+    spec = {
+        "name": name,
+        "configs": [str(ROOT / "configs/lm/tiny.yaml")],
+        "schemes": ["pre", "siamese"],
+        "runs_root": str(tmp_path / name),
+        "parallel": 2,
+        "progress_every_s": 1,
+        "args": [*tiny_lm(), "--divergence.max_loss=50", f"--data.init_args.data_dir={tmp_path / 'data'}",
+                 f"--trainer.max_steps={STEPS}", "--trainer.val_check_interval=10", "--summary.log_every_n_steps=1",
+                 "--summary.progress_every_s=0.5", "--trainer.callbacks+=tests.experiments.pacing.Pace",
+                 "--trainer.callbacks.seconds=0.15"],
+        **keys,
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def table_without_wall_time(sweep_dir: Path) -> list[list[str]]:
+    rows = [line.split("|") for line in (sweep_dir / "comparison.md").read_text().splitlines() if line.startswith("|")]
+    wall = rows[0].index(" wall_s ")
+    return [row[:wall] + row[wall + 1 :] for row in rows]
+
+
+def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the sweep ended before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def step_of(run_dir: Path) -> int:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+def test_local_submitit_sweep_requeues_exactly_and_matches_the_process_launcher(tmp_path: Path, monkeypatch, capsys):
+    """Both sweeps run at once (the submitit one in its own process); the submitit run `pre` gets SIGUSR1 at step
+    10, is stopped at a step boundary, requeued by submitit and resumed: its curves equal the process launcher's."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # both launchers: one thread per run, so the runs agree bit for bit
+    local = spec_file(tmp_path, "jobs", launcher={"kind": "submitit", "cluster": "local", "cpus_per_task": 1,
+                                                  "timeout_min": 20, "signal_delay_s": 60})  # fmt: skip
+    run_dir = tmp_path / "jobs/lm/jobs/pre"
+    proc = subprocess.Popen([sys.executable, "-m", "experiments", "sweep", str(local)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    signalled: list[int] = []
+
+    def requeue_at_step_10() -> None:  # what `#SBATCH --signal=SIGUSR1@<s>` sends before the time limit
+        wait_for(lambda: step_of(run_dir) >= 10 and (run_dir / "job.json").exists(), proc, "step 10 of the pre run")
+        os.kill(json.loads((run_dir / "job.json").read_text())["pid"], signal.SIGUSR1)
+        signalled.append(step_of(run_dir))
+
+    watcher = threading.Thread(target=requeue_at_step_10, daemon=True)
+    watcher.start()
+    try:
+        sweep.main(["sweep", str(spec_file(tmp_path, "procs"))])
+        out = capsys.readouterr().out
+        jobs_out, _ = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    watcher.join(timeout=5)
+    # Live progress (issue 18): a line per running run with step / total, loss, rate and ETA, then the grid's ETA.
+    assert re.search(
+        rf"\[\d/2\] (pre|siamese): step \d+/{STEPS} \(\d+%\), loss [\d.]+, [\d.]+ steps/s, eta \d\d:\d\d", out
+    )
+    assert re.search(r"sweep procs: \d done, \d running, \d waiting; eta \d\d:\d\d \(grid\)", out), out
+    assert proc.returncode == 0 and signalled and signalled[0] < STEPS, jobs_out
+    assert re.search(rf"\[1/2\] pre: step \d+/{STEPS}", jobs_out), jobs_out  # the waiting sweep shows progress too
+    job = json.loads((run_dir / "job.json").read_text())
+    assert job["attempts"] == 2 and job["requeues"] == 1, job  # stopped, requeued, started again by submitit
+    assert (run_dir / "checkpoints" / "interrupted.ckpt").exists()  # where the first attempt stopped
+    log = (tmp_path / "jobs/lm/jobs/logs/pre.log").read_text()
+    assert "interrupted by SIGTERM" in log and log.count("--ckpt_path=last") == 1, log[-2000:]
+
+    for name in ("pre", "siamese"):
+        a = json.loads((tmp_path / f"procs/lm/procs/{name}/summary.json").read_text())
+        b = json.loads((tmp_path / f"jobs/lm/jobs/{name}/summary.json").read_text())
+        assert b["status"] == "finished" and [s for s, _ in b["train_curve"]] == list(range(1, STEPS + 1))
+        assert b["train_curve"] == a["train_curve"], name  # the requeued run continued the same trajectory
+        assert b["val_curve"] == a["val_curve"], name
+    assert table_without_wall_time(tmp_path / "jobs/lm/jobs") == table_without_wall_time(tmp_path / "procs/lm/procs")
+
+    sweep.main(["sweep", str(local), "--status"])
+    status = capsys.readouterr().out
+    assert re.search(r"pre\s+finished\s+\d+\s+step 40", status) and re.search(r"siamese\s+finished\s+\d+", status)
+    assert "2 finished" in status, status
+
+
+def test_the_slurm_job_script_carries_the_requeue_signal_and_the_devices(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "big", "configs": ["configs/lm/olmo-1b.yaml"], "schemes": ["pre", "siamese"], "lrs": [1e-3, 2e-3],
+        "runs_root": str(tmp_path / "runs"), "budget": {"tokens": 1e9},
+        "launcher": {"kind": "submitit", "cluster": "slurm", "nodes": 2, "gpus_per_node": 4, "cpus_per_task": 6,
+                     "partition": "gpu", "timeout_min": 600, "signal_delay_s": 240, "array_parallelism": 3,
+                     "extra": {"constraint": "h100"}},
+    }))  # fmt: skip
+    (spec,) = load_specs(str(path))
+    runs = grid(spec)
+    script = sbatch_script(spec, len(runs), tmp_path / "submitit")
+    lines = set(script.splitlines())
+    for line in ("#SBATCH --signal=SIGUSR1@240", "#SBATCH --requeue", "#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --ntasks-per-node=4", "#SBATCH --cpus-per-task=6", "#SBATCH --partition=gpu",
+                 "#SBATCH --time=600", "#SBATCH --array=0-3%3", "#SBATCH --constraint=h100"):  # fmt: skip
+        assert line in lines, f"{line} not in\n{script}"
+    assert not any(line.startswith("#SBATCH --signal=USR2") for line in lines)  # submitit's default is replaced
+    assert re.search(r"^srun .* -m submitit\.core\._submit ", script, re.MULTILINE)  # srun: one task per GPU
+    job = fit_job(spec, runs[0], tmp_path / "runs/lm/big")
+    # Lightning's SLURM environment checks devices x num_nodes against srun's tasks; 1e9 tokens at 4 x 2 x 32 x 2048.
+    assert {"--trainer.num_nodes=2", "--trainer.devices=4", "--trainer.max_steps=1908"} <= set(job.fit_argv)
+    assert job.test_argv is None and job.threads == 6 and job.fit_argv[3] == "fit"

@@ -1,0 +1,105 @@
+"""Every run of every shipped sweep spec parses with the real CLI and builds on the meta device; the compute
+estimate agrees with what the CLI builds; the paper's Table 1 is 30 jobs with their compute."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.sweeps import sweep
+from experiments.sweeps.estimate import estimate, resolve_config, run_extra_args
+from experiments.sweeps.spec import grid, load_specs
+from models import TrunkConfig, count_params
+from models.dit import DiT
+from models.lm import LanguageModel
+from models.vit import ViTClassifier
+from tests.experiments.test_configs import ParseOnlyCLI
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs/sweeps").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def parser():
+    """The suite's own CLI parser, built once (building it is what costs; parsing a run is cheap)."""
+    return ParseOnlyCLI(args=["-c", str(ROOT / "configs/lm/tiny.yaml")], run=False).parser
+
+
+def params_on_meta(config, dataset: dict, active: bool) -> int:
+    """Parameters of the run's network built on the meta device from the CLI-parsed config (cached per shape:
+    runs that differ in lr or seed share their network)."""
+    init, data = config.model.init_args, config.data.init_args
+    trunk = TrunkConfig(**init.trunk).to_dict()
+    key = json.dumps([config.model.class_path, trunk, str(data), str(init.get("patch_size")), dataset, active])
+    if key not in _PARAMS:
+        _PARAMS[key] = count_params(build_on_meta(config, dataset), active=active)
+    return _PARAMS[key]
+
+
+_PARAMS: dict[str, int] = {}
+
+
+def build_on_meta(config, dataset: dict) -> torch.nn.Module:
+    """The run's network from the CLI-parsed config, on the meta device (what the task module would build)."""
+    init, data = config.model.init_args, config.data.init_args
+    trunk = TrunkConfig(**init.trunk)
+    task = config.model.class_path.rsplit(".", 1)[-1]
+    with torch.device("meta"):
+        if task == "LanguageModeling":
+            vocab = 256 if data.tokenizer == "byte" else data.bpe_vocab_size
+            return LanguageModel(trunk, vocab, data.seq_len, tie_embeddings=init.tie_embeddings)
+        if task == "ImageClassification":
+            classes = dataset.get(
+                "num_classes", 10 if config.data.class_path.endswith("EmbeddedImageDataModule") else 1000
+            )
+            return ViTClassifier(trunk, data.image_size, init.patch_size, 3, classes)
+        return DiT(trunk, dataset.get("latent_size", 32), init.patch_size, dataset.get("latent_channels", 4),
+                   dataset.get("num_classes", 1000), learn_sigma=init.learn_sigma)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", SPECS)
+def test_every_run_of_every_shipped_spec_builds_on_the_meta_device(path: str, parser, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for spec in load_specs(path):
+        for run in grid(spec):
+            argv = run.argv(spec, extra=run_extra_args(spec, run))[4:]
+            config = parser.parse_args(argv)  # every key of every config, overlay and argument, as `fit` reads them
+            est = estimate(spec, run)
+            assert est.params == params_on_meta(config, spec.dataset, active=est.task == "lm"), (
+                f"{path} {run.name(spec)}: the estimate resolved another network"
+            )
+            assert config.model.init_args.trunk.norm_scheme == run.scheme.split("-")[0]
+            if run.lr is not None:
+                assert config.model.init_args.optim.lr == run.lr
+            if config.trainer.max_steps and config.trainer.max_steps > 0:
+                assert est.steps == config.trainer.max_steps
+            merged = resolve_config(argv)  # the sweep's own merge agrees with the CLI on what it reads
+            assert str(merged["trainer"].get("devices")) == str(config.trainer.devices)
+
+
+def test_paper_table1_dry_run_lists_30_jobs_with_their_compute(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    sweep.main(["sweep", "configs/sweeps/paper-table1.yaml", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "sweep paper-table1 (configs/sweeps/paper-table1.yaml): 30 jobs" in out
+    steps = math.ceil(1e11 / (8 * 32 * 2048))  # 100B tokens at the config's 0.5M tokens per step
+    rows = re.findall(rf"^\s+\d+\s+(\S+-lr\S+)\s+1\.28B\s+{steps:,}\s+100B\s+(\S+)\s+(\S+)", out, re.MULTILINE)
+    assert len(rows) == 30 and len({name for name, *_ in rows}) == 30
+    flops = float(rows[0][1])  # 6 N D with N the non-embedding parameters (~1.18B)
+    assert 6 * 1.17e9 * 1e11 < flops < 6 * 1.19e9 * 1e11
+    hours = flops / (989e12 * 0.40) / 3600
+    assert rows[0][2] == f"{hours:,.0f}"
+    assert re.search(r"grid: 30 runs, \S+ FLOPs, [\d,]+ GPU-hours at 40% MFU of 989 TFLOP/s per GPU", out)
+    assert "#SBATCH --signal=SIGUSR1@300" in out and "#SBATCH --array=0-29%30" in out
+
+
+def test_a_budget_on_the_command_line_overrides_the_spec(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    sweep.main(["sweep", "configs/sweeps/paper-depth.yaml", "--dry-run", "--budget", "steps=1000", "--commands"])
+    out = capsys.readouterr().out
+    assert out.count("--trainer.max_steps=1000") == 8 and "budget: steps 1,000 -> 1,000 steps" in out

@@ -1,0 +1,41 @@
+"""The progress a run writes (progress.json) and what the sweep makes of it: a line per run, the grid's ETA."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from experiments.monitoring.summary import ProgressFile
+from experiments.sweeps.progress import describe_progress, fmt_interval, grid_eta, remaining_seconds
+
+
+def test_the_progress_file_measures_rate_and_eta(tmp_path: Path):
+    path = tmp_path / "progress.json"
+    progress = ProgressFile(every_s=0.01)
+    progress.start(path, "fit", 0)
+    progress.restart_clock(100)  # a fit resumed at step 100 measures its rate from there
+    time.sleep(0.2)
+    progress.write(120, 400, 2.5)
+    record = json.loads(path.read_text())
+    assert record["step"] == 120 and record["total"] == 400 and record["loss"] == 2.5
+    assert 20 / 0.4 < record["steps_per_s"] < 20 / 0.2 + 1  # 20 steps in ~0.2 s (not 120: the resume)
+    assert abs(record["eta_s"] - 280 / record["steps_per_s"]) < 1e-6
+    progress.write(400, 400, 2.0, status="finished")
+    assert json.loads(path.read_text())["eta_s"] is None
+
+
+def test_a_progress_line_and_the_grids_eta():
+    now = time.time()
+    line = describe_progress(
+        {"step": 120, "total": 200, "loss": 1.7344, "steps_per_s": 3.1, "eta_s": 26, "updated": now}
+    )
+    assert line == "step 120/200 (60%), loss 1.734, 3.1 steps/s, eta 00:26"
+    assert describe_progress({"stage": "test", "step": 3, "total": 8}) == "testing, batch 3/8"
+    assert describe_progress({}) == "starting"
+    assert fmt_interval(3 * 86400 + 3723) == "3d 1:02:03" and fmt_interval(None) == "?"
+    assert abs(remaining_seconds({"eta_s": 30, "updated": now - 10}) - 20) < 1  # 10 s of it passed already
+    # Two runs with 10 s and 30 s left, 4 waiting runs of a typical 60 s, two at a time: (40 + 240) / 2 = 140 s.
+    assert grid_eta([10.0, 30.0], [60.0, 50.0, 70.0], waiting=4, parallel=2) == 140.0
+    assert grid_eta([None, 30.0], [60.0], waiting=0, parallel=2) is None  # a run without an estimate yet
+    assert grid_eta([], [], waiting=0, parallel=1) == 0.0
