@@ -2,10 +2,16 @@
 
     <cache_dir>/
       meta.json                  written last: its presence marks a complete cache
-      latents_00000.npy          (n, C, h, w) float16|float32, already (z - shift) * scaling_factor
-      latents_flip_00000.npy     same rows, encoded from the horizontally flipped images (if flip)
-      labels_00000.npy           (n,) int64, shared by both sets
-      ...                        one triple per `shard_size` source images, in source order
+      latents_<tag>_00000.npy    (n, C, h, w) float16|float32, already (z - shift) * scaling_factor
+      latents_flip_<tag>_00000.npy   same rows, encoded from the horizontally flipped images (if flip)
+      labels_<tag>_00000.npy     (n,) int64, shared by both sets
+      ...                        one triple per `shard_size` source images (or fewer), in source order
+      encoding.json              only while encoding: the shards finished so far (a rerun resumes)
+
+``<tag>`` identifies the settings a cache was made with, so a cache re-encoded with other settings
+(``--overwrite``) writes new files next to the old ones and switches over by replacing ``meta.json``.
+Shard names in ``meta.json`` must be plain file names inside the cache directory: a cache never makes
+its reader open a file elsewhere.
 
 Flips are a SECOND SET OF SHARDS aligned row by row with the first (row i of ``latents_flip`` is
 image i mirrored), not extra rows: the train/val split is drawn over source images, so an image
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +47,8 @@ __all__ = [
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
+SHARD_KEYS = ("latents", "latents_flip", "labels")
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.npy")
 ENCODE_HINT = "python -m datamodules.encode_latents --vae runs/vae/tiny/vae --out {cache_dir}"
 
 
@@ -65,6 +75,7 @@ class LatentCacheMeta:
         shard_size: Source images per shard.
         shards: Per shard: {"latents", "latents_flip" (or None), "labels", "count"}.
         format_version: Layout version of the cache.
+        seed: Seed of the posterior samples (None for posterior means).
     """
 
     num_classes: int
@@ -84,6 +95,7 @@ class LatentCacheMeta:
     shard_size: int
     shards: list[dict] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
+    seed: int | None = None
 
     def write(self, cache_dir: str | Path) -> None:
         """Writes ``meta.json`` through a temp file and ``os.replace`` (a reader never sees half of it)."""
@@ -113,13 +125,37 @@ def read_latent_meta(cache_dir: str | Path) -> LatentCacheMeta:
         raise ValueError(f"{str(path)!r} is not a latent cache meta.json: {err}") from None
     if meta.format_version != FORMAT_VERSION:
         raise ValueError(f"{str(path)!r} has cache format {meta.format_version}, this code reads {FORMAT_VERSION}")
+    check_shard_names(cache_dir, meta.shards, meta.flip, path)
     return meta
+
+
+def check_shard_names(cache_dir: str | Path, shards: list, flip: bool, source: str | Path) -> None:
+    """Every shard entry names plain ``.npy`` files that resolve to inside ``cache_dir``.
+
+    Raises:
+        ValueError: one line naming the entry and ``source`` (the meta.json it came from).
+    """
+    root = Path(cache_dir).resolve()
+    if not isinstance(shards, list):
+        raise ValueError(f"shards: {shards!r} ({source}); valid: a list of shard entries")
+    for k, shard in enumerate(shards):
+        if not isinstance(shard, dict) or not isinstance(shard.get("count"), int) or shard["count"] < 0:
+            raise ValueError(f"shards[{k}]: {shard!r} ({source}); valid: {{latents, latents_flip, labels, count >= 0}}")
+        for key in SHARD_KEYS:
+            if key == "latents_flip" and not flip:
+                continue  # never opened
+            name = shard.get(key)
+            inside = isinstance(name, str) and SHARD_NAME.fullmatch(name) and (root / name).resolve().parent == root
+            if not inside:
+                raise ValueError(
+                    f"shards[{k}].{key}: {name!r} ({source}); valid: a plain .npy file name inside {str(root)!r}"
+                )
 
 
 def write_array(path: Path, array: np.ndarray) -> None:
     """``np.save`` through a temp file and ``os.replace``."""
     tmp = path.with_name(path.stem + ".tmp.npy")
-    np.save(tmp, array)
+    np.save(tmp, array, allow_pickle=False)
     os.replace(tmp, path)
 
 
@@ -130,11 +166,23 @@ class LatentShardWriter:
         cache_dir: Directory the shards go to.
         shard_size: Rows (source images) per shard.
         dtype: Storage dtype of the latents.
+        tag: Goes into every file name (``latents_<tag>_00000.npy``); "" gives ``latents_00000.npy``.
+        shards: Shards already written (a resumed encoding appends to them).
+        on_flush: Called with the shard list after each shard is on disk (progress for resuming).
     """
 
-    def __init__(self, cache_dir: str | Path, shard_size: int, dtype: str = "float16") -> None:
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        shard_size: int,
+        dtype: str = "float16",
+        tag: str = "",
+        shards: list[dict] | None = None,
+        on_flush: Callable[[list[dict]], None] | None = None,
+    ) -> None:
         self.cache_dir, self.shard_size, self.dtype = Path(cache_dir), shard_size, np.dtype(dtype)
-        self.shards: list[dict] = []
+        self.tag, self.on_flush = f"{tag}_" if tag else "", on_flush
+        self.shards: list[dict] = list(shards or [])
         self._parts: dict[str, list[np.ndarray]] = {"latents": [], "latents_flip": [], "labels": []}
         self._pending = 0
 
@@ -157,11 +205,13 @@ class LatentShardWriter:
         shard: dict = {"latents": None, "latents_flip": None, "labels": None, "count": self._pending}
         for key, parts in self._parts.items():
             if parts:
-                shard[key] = f"{key}_{k:05d}.npy"
+                shard[key] = f"{key}_{self.tag}{k:05d}.npy"
                 write_array(self.cache_dir / shard[key], np.concatenate(parts))
                 parts.clear()
         self.shards.append(shard)
         self._pending = 0
+        if self.on_flush is not None:
+            self.on_flush(self.shards)
 
     def close(self) -> list[dict]:
         """Writes the last partial shard; returns the shard list for ``meta.json``."""
@@ -185,7 +235,8 @@ class LatentShards:
         if sum(counts) != self.meta.count:
             raise ValueError(f"{str(self.cache_dir)!r}: shard counts {counts} do not add up to {self.meta.count}")
         self.offsets = np.cumsum([0, *counts])  # shard k holds rows offsets[k]:offsets[k + 1]
-        self.labels = np.concatenate([np.load(self.cache_dir / s["labels"]) for s in self.meta.shards]).astype(np.int64)
+        labels = [np.load(self.cache_dir / s["labels"], allow_pickle=False) for s in self.meta.shards]
+        self.labels = np.concatenate(labels).astype(np.int64)
         self._latents: list[np.ndarray] | None = None
         self._flipped: list[np.ndarray] | None = None
 
@@ -198,7 +249,7 @@ class LatentShards:
 
     def _open(self) -> None:
         def load(name: str) -> np.ndarray:
-            array = np.load(self.cache_dir / name, mmap_mode="r")
+            array = np.load(self.cache_dir / name, mmap_mode="r", allow_pickle=False)
             if array.ndim != 4 or list(array.shape[1:]) != list(self.meta.latent_shape):
                 raise ValueError(f"{name}: shape {array.shape} does not match latent shape {self.meta.latent_shape}")
             return array
