@@ -268,17 +268,19 @@ class LatentShards:
         return np.array(arrays[shard][index - self.offsets[shard]], dtype=np.float32)  # a copy, off the mmap
 
 
-class LatentDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """(latent float32 (C, h, w), label int64) for the given rows of a cache.
+class LatentDataset(Dataset[tuple[torch.Tensor, ...]]):
+    """(latent float32 (C, h, w), label int64) for the given rows of a cache, and the row if ``with_row``.
 
     Args:
         shards: The cache.
         index: Rows (source images) this split holds.
         random_flip: Return the mirrored image's latent with probability 1/2 (needs a flip cache).
+        with_row: Also return the row (int64): generation seeds each sample by it, so samples stay
+            distinct and reproducible however the rows are split over ranks and batches.
     """
 
-    def __init__(self, shards: LatentShards, index: np.ndarray, random_flip: bool) -> None:
-        self.shards, self.index = shards, index
+    def __init__(self, shards: LatentShards, index: np.ndarray, random_flip: bool, with_row: bool = False) -> None:
+        self.shards, self.index, self.with_row = shards, index, with_row
         self.random_flip = random_flip and shards.meta.flip
 
     def __len__(self) -> int:
@@ -288,7 +290,8 @@ class LatentDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         row = int(self.index[i])
         flipped = self.random_flip and bool(torch.rand(()) < 0.5)  # torch RNG: seeded per DataLoader worker
         latent = torch.from_numpy(self.shards.latent(row, flipped))
-        return latent, torch.tensor(self.shards.labels[row], dtype=torch.int64)
+        label = torch.tensor(self.shards.labels[row], dtype=torch.int64)
+        return (latent, label, torch.tensor(row, dtype=torch.int64)) if self.with_row else (latent, label)
 
 
 class LatentDataModule(L.LightningDataModule):
@@ -382,10 +385,10 @@ class LatentDataModule(L.LightningDataModule):
             self.train_index, self.val_index = self.split_indices()
             self.train_sampler = RandomPermutationSampler(len(self.train_index), self.seed)
 
-    def _loader(self, index: np.ndarray | None, train: bool) -> DataLoader:
+    def _loader(self, index: np.ndarray | None, train: bool, with_row: bool = False) -> DataLoader:
         if self.shards is None or index is None:
             raise RuntimeError("call setup() before asking for a dataloader")
-        dataset = LatentDataset(self.shards, index, random_flip=train and self.random_flip)
+        dataset = LatentDataset(self.shards, index, random_flip=train and self.random_flip, with_row=with_row)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -407,5 +410,5 @@ class LatentDataModule(L.LightningDataModule):
         return self._loader(self.val_index, train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        """Validation (latent, label) batches: the generation task uses their labels."""
-        return self._loader(self.val_index, train=False)
+        """Validation (latent, label, row) batches: the generation task uses their labels and rows."""
+        return self._loader(self.val_index, train=False, with_row=True)

@@ -59,7 +59,12 @@ def reference_batches(datamodule, num_images: int, batch_size: int) -> Iterator[
 
 
 def heldout_reference(
-    datamodule, extractor: FeatureExtractor, num_images: int, batch_size: int, progress: bool = True
+    datamodule,
+    extractor: FeatureExtractor,
+    num_images: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
 ) -> Reference:
     """The held-out reference as a statistics file with features, computed on the first call and reused after."""
     from experiments.evaluation.generation import extract_features
@@ -72,7 +77,7 @@ def heldout_reference(
             batch_size=batch_size,
             total=num_images,
             desc="reference features",
-            device=next(iter(extractor.module.buffers()), torch.empty(0)).device,
+            device=device,
             progress=progress,
         )
         save_real_stats(path, features.stats(), extractor.backend, features.stacked().numpy())
