@@ -49,7 +49,10 @@ META_FILE = "meta.json"
 FORMAT_VERSION = 1
 SHARD_KEYS = ("latents", "latents_flip", "labels")
 SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.npy")
-ENCODE_HINT = "python -m datamodules.encode_latents --vae runs/vae/tiny/vae --out {cache_dir}"
+ENCODE_HINT = (
+    "python -m datamodules.encode_latents --vae runs/vae/tiny/vae --out {cache_dir} (or `make dit`); "
+    "a smoke run needs none: -c configs/dit/synthetic-latents.yaml"
+)
 
 
 @dataclass
