@@ -224,3 +224,33 @@ def test_predict_writes_an_adm_batch_with_distinct_seeds(trained, latent_cache: 
     assert images.shape == (13, 16, 16, 3) and len(labels) == 13  # round(0.2 * 64) validation rows
     assert len({img.tobytes() for img in images}) == 13  # every row its own seed
     assert len(list(directory.glob("*_class*.png"))) == 13
+
+
+@pytest.mark.slow
+def test_fid50k_protocol_on_dit_b2_runs_its_sampling_loop_on_cpu(tmp_path: Path, capsys):
+    """The paper protocol config, stacked on DiT-B/2 as a user would, with a handful of samples on CPU: the
+    real 130 M-parameter model, DDPM with learned sigma, an ADM-layout reference (stored mu / sigma)."""
+    torch.manual_seed(0)
+    vae = build_vae([8, 8, 8, 8], layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=256)
+    vae.save_pretrained(tmp_path / "vae")  # f8: 256 px -> 32 x 32 x 4 latents, as sd-vae-ft-ema
+    cache = tmp_path / "latents"
+    assert encode_main(["--vae", str(tmp_path / "vae"), "--out", str(cache), "--image-size", "256",
+                        "--limit", "4", "--no-flip"]) == 0  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    reference = tmp_path / "VIRTUAL_toy_labeled.npz"
+    np.savez(reference, arr_0=torch.randint(0, 256, (4, 64, 64, 3), dtype=torch.uint8, generator=gen).numpy(),
+             mu=np.zeros(2048), sigma=np.eye(2048) * 0.01)  # fmt: skip
+    main(["test", "-c", str(ROOT / "configs/dit/dit-b2.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
+          "-c", str(ROOT / "configs/dit/eval-fid50k.yaml"), f"--runs_root={tmp_path / 'runs'}",
+          "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
+          "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.limit_test_batches=1",
+          f"--data.init_args.cache_dir={cache}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
+          "--data.init_args.val_fraction=0.5", "--model.init_args.fid_samples=2", "--model.init_args.sample_steps=2",
+          "--model.init_args.fid_batch_size=2", "--model.init_args.fid_feature_batch_size=2",
+          f"--model.init_args.fid_reference={reference}"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "protocol: 2 samples, ddpm 2 steps, cfg 1 (all channels)" in out and "(stored statistics," in out
+    summary = json.loads((tmp_path / "runs" / "dit" / "dit-b2" / "siamese" / "summary.json").read_text())
+    assert summary["test_protocol"]["reference_layout"].startswith("ADM") and summary["test"]["test/fid"] > 0
+    with np.load(summary["test_protocol"]["samples_file"], allow_pickle=False) as data:
+        assert data["arr_0"].shape == (2, 256, 256, 3)
