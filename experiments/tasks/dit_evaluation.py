@@ -13,6 +13,9 @@ comparison of runs can tell numbers measured under different protocols apart.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -80,14 +83,17 @@ class GenerationEvaluation:
         def generate(labels: torch.Tensor, seeds: list[int]) -> torch.Tensor:
             return module.generate(labels.to(module.device), seeds, should_stop=lambda: trainer.received_sigterm)
 
+        start = time.perf_counter()
         try:
-            generate_chunks(
-                self.plan, directory, generate, trainer.global_rank, trainer.world_size, trainer.is_global_zero
-            )
+            with tf32_matmuls(module.device):
+                generated = generate_chunks(
+                    self.plan, directory, generate, trainer.global_rank, trainer.world_size, trainer.is_global_zero
+                )
         except InterruptedError:
             stop = SIGTERMException()
             stop.add_note(f"sampling interrupted by SIGTERM; its finished chunks are in {directory}: rerun to resume")
             raise stop from None
+        self.rate = generated / (time.perf_counter() - start) if generated else None  # this rank's samples/s
         trainer.strategy.barrier()
         result = self.score(directory, settings) if trainer.is_global_zero else None
         result = trainer.strategy.broadcast(result, src=0)
@@ -136,9 +142,16 @@ class GenerationEvaluation:
             "kid_subset_size": scores.details.get("kid_subset_size", "n/a"),
             "weights_sha256": settings["weights_sha256"][:16],
             "samples_file": str(adm),
+            "sampling_precision": "fp32, TF32 matmuls (as the official DiT)"
+            if module.device.type == "cuda"
+            else "fp32",
         }
-        record = {"values": scores.values, "unavailable": scores.unavailable, "protocol": protocol, "grid": str(grid)}
+        rate = None if self.rate is None else round(self.rate * self.trainer.world_size, 4)
+        record = {"values": scores.values, "unavailable": scores.unavailable, "protocol": protocol,
+                  "grid": str(grid), "samples_per_s": rate}  # fmt: skip
         (directory / "metrics.json").write_text(json.dumps(record, indent=2))
+        if rate is not None:
+            print(f"sampled at {rate:.2f} samples/s ({self.trainer.world_size} rank(s))")
         print("\n".join(scores.lines()))
         print(f"protocol: {protocol_line(protocol)}")
         return record
@@ -155,6 +168,20 @@ class GenerationEvaluation:
             if hasattr(logger.experiment, "add_image"):
                 logger.experiment.add_image("test/samples", grid, self.module.global_step)
         return path
+
+
+@contextmanager
+def tf32_matmuls(device: torch.device) -> Iterator[None]:
+    """TF32 matmuls and convolutions while sampling on CUDA, as the official DiT sample_ddp.py sets them."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def sampling_settings(module) -> dict:
