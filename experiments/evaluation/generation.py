@@ -132,12 +132,19 @@ def kid(real: Tensor, fake: Tensor, seed: int = 2020) -> tuple[float, float, int
     return float(out[KEY_METRIC_KID_MEAN]), float(out[KEY_METRIC_KID_STD]), size
 
 
-def precision_recall(real: Tensor, fake: Tensor, k: int = PR_NEIGHBOURHOOD) -> tuple[float, float]:
-    """Improved precision (samples inside the real manifold) and recall (real inside the samples'), k-NN radii."""
+def precision_recall(
+    real: Tensor, fake: Tensor, k: int = PR_NEIGHBOURHOOD, device: torch.device | str = "cpu"
+) -> tuple[float, float]:
+    """Improved precision (samples inside the real manifold) and recall (real inside the samples'), k-NN radii.
+
+    The distances run on ``device`` (50k x 10k features: minutes on a GPU, much longer on a CPU).
+    """
     from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL, prc_features_to_metric
 
     # save_cpu_ram: distances in (1000 x N) blocks instead of a full N x N matrix (10 GB at 50k).
-    out = prc_features_to_metric(fake, real, prc_neighborhood=k, prc_batch_size=1000, save_cpu_ram=True, verbose=False)
+    out = prc_features_to_metric(
+        fake.to(device), real.to(device), prc_neighborhood=k, prc_batch_size=1000, save_cpu_ram=True, verbose=False
+    )
     return float(out[KEY_METRIC_PRECISION]), float(out[KEY_METRIC_RECALL])
 
 
@@ -178,6 +185,7 @@ def score_generation(
     proxy: bool = False,
     is_unavailable: str | None = None,
     reference_has_images_note: str = "the reference has statistics only (no images or features)",
+    device: torch.device | str = "cpu",
 ) -> GenerationScores:
     """FID against the reference statistics; KID and precision / recall against its features; IS of the samples.
 
@@ -188,6 +196,7 @@ def score_generation(
         proxy: the features come from the proxy network: names get ``_proxy``.
         is_unavailable: why IS cannot be computed (no classifier), or None when ``samples`` has logits.
         reference_has_images_note: the reason given when ``reference_features`` is None.
+        device: where the precision / recall distances run.
     """
     suffix = "_proxy" if proxy else ""
     scores = GenerationScores(details={"samples": samples.count, "pr_k": PR_NEIGHBOURHOOD})
@@ -203,7 +212,7 @@ def score_generation(
         mean, std, size = kid(reference_features, fake)
         scores.values[f"kid_mean{suffix}"], scores.values[f"kid_std{suffix}"] = mean, std
         scores.details["kid_subset_size"] = size
-        precision, recall = precision_recall(reference_features, fake)
+        precision, recall = precision_recall(reference_features, fake, device=device)
         scores.values[f"precision{suffix}"], scores.values[f"recall{suffix}"] = precision, recall
     logits = samples.stacked_logits()
     if logits is None or is_unavailable is not None:
@@ -261,7 +270,7 @@ def score_against(
         ref_features = computed.stacked() if computed is not None else None
     samples = extract_features(sample_batches, extractor.module, total=num_samples, desc="sample features", **common)
     scores = score_generation(
-        samples, stats, ref_features, proxy=extractor.proxy, is_unavailable=extractor.is_unavailable
+        samples, stats, ref_features, proxy=extractor.proxy, is_unavailable=extractor.is_unavailable, device=device
     )
     scores.details["reference_images"] = reference.image_count
     return scores, computed

@@ -210,7 +210,7 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
         digest.update(name.encode())
         data = tensor.detach().cpu().contiguous()
         digest.update(str((tuple(data.shape), str(data.dtype))).encode())
-        digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes, any dtype
+        digest.update(data.reshape(-1).view(torch.uint8).numpy())  # raw bytes of any dtype, without a copy
     return digest.hexdigest()
 
 

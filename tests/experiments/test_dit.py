@@ -254,3 +254,36 @@ def test_fid50k_protocol_on_dit_b2_runs_its_sampling_loop_on_cpu(tmp_path: Path,
     assert summary["test_protocol"]["reference_layout"].startswith("ADM") and summary["test"]["test/fid"] > 0
     with np.load(summary["test_protocol"]["samples_file"], allow_pickle=False) as data:
         assert data["arr_0"].shape == (2, 256, 256, 3)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_test_samples_and_scores_like_one_process(trained, latent_cache: Path, tmp_path: Path):
+    """Through Lightning on 2 CPU processes (gloo): each rank samples its chunks, rank 0 scores, all log."""
+    import os
+    import subprocess
+    import sys
+
+    _, ckpt = trained
+    common = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
+              f"--data.init_args.cache_dir={latent_cache}", "--trainer.enable_progress_bar=false", *TINY,
+              f"--ckpt_path={ckpt}", *FID, "--model.init_args.sample_seed=9"]  # fmt: skip
+    main(["test", *common, f"--runs_root={tmp_path / 'one'}"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ddp = ["test", *common, f"--runs_root={tmp_path / 'two'}", "--trainer.devices=2", "--trainer.strategy=ddp",
+           "--trainer.accelerator=cpu"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments", *ddp], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = (json.loads((tmp_path / r / "dit/tiny/siamese/summary.json").read_text()) for r in ("one", "two"))
+    with (
+        np.load(one["test_protocol"]["samples_file"], allow_pickle=False) as a,
+        np.load(two["test_protocol"]["samples_file"], allow_pickle=False) as b,
+    ):
+        assert a["arr_0"].shape == b["arr_0"].shape == (12, 16, 16, 3)
+        assert np.abs(a["arr_0"].astype(int) - b["arr_0"].astype(int)).max() <= 1  # same seeds, same samples
+        np.testing.assert_array_equal(a["arr_1"], b["arr_1"])
+    assert two["test"]["test/fid"] == pytest.approx(one["test"]["test/fid"], rel=1e-3)
+    assert {k: v for k, v in two["test_protocol"].items() if k != "samples_file"} == {
+        k: v for k, v in one["test_protocol"].items() if k != "samples_file"
+    }
