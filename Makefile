@@ -42,3 +42,14 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The tiny DiT comparison from nothing, one resumable command (each step skips what already exists):
+# VAE fit (resumes its newest checkpoint) -> latent cache (resumes / "cache exists") -> DiT pre vs siamese
+# sweep with FID, KID, precision / recall at test (skips finished runs). Smoke run without any of it:
+#   python -m experiments fit -c configs/dit/tiny.yaml -c configs/dit/synthetic-latents.yaml --trainer.fast_dev_run=1
+.PHONY: dit
+dit: setup
+	@test -f runs/vae/tiny/vae/config.json && echo "VAE exists: runs/vae/tiny/vae" || \
+	  HF_HUB_OFFLINE=1 $(BIN)/python -m experiments fit -c configs/vae/tiny.yaml --ckpt_path last
+	HF_HUB_OFFLINE=1 $(BIN)/python -m datamodules.encode_latents --vae runs/vae/tiny/vae --out data/latents/fashion-mnist-tiny
+	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments sweep configs/sweeps/dit-tiny.yaml

@@ -9,8 +9,15 @@ Sources: ``--source embedded`` (default) is the official train split of the embe
 ``--image-folder ROOT`` is a torchvision ImageFolder (class directories directly under ROOT) with
 the DiT/ADM center crop. Every image is encoded as-is and mirrored (unless ``--no-flip``); the
 stored latent is the posterior mean (or a sample with ``--sample``) times the VAE's scaling
-factor. The layout is described in datamodules/latents.py. Shards and meta.json are written
-atomically, meta.json last; a rerun with the same settings prints "cache exists" and stops.
+factor. The layout is described in datamodules/latents.py.
+
+Safe to interrupt and to rerun: shards are written atomically, ``encoding.json`` records the finished
+ones and meta.json comes last. SIGTERM / Ctrl-C stop within a batch, keep what was encoded (the
+partial shard included) and exit 143 / 130; the same command resumes. A rerun with the same settings
+prints "cache exists" and stops. ``--out`` must be new, empty, or a latent cache: one made with other
+settings is replaced only with ``--overwrite`` (the old cache stays readable until the new meta.json
+replaces it, then its files are deleted); a directory that is not a latent cache is never touched.
+Bad input is one line ``error: ...`` and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,8 +25,14 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import json
+import os
+import signal
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +41,25 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
+from tqdm import tqdm
 
 from datamodules.image_folder import SkipBrokenImages
 from datamodules.images import UInt8ImageDataset, load_embedded_images, resize_uint8
-from datamodules.latents import META_FILE, LatentCacheMeta, LatentShardWriter, read_latent_meta
+from datamodules.latents import (
+    META_FILE,
+    SHARD_KEYS,
+    LatentCacheMeta,
+    LatentShardWriter,
+    check_shard_names,
+    read_latent_meta,
+)
 from models.vae import load_vae
 
 # Settings a rerun must share with an existing cache for it to be reused.
 IDENTITY_KEYS = ("vae_path", "vae_sha256", "scaling_factor", "shift_factor", "source", "source_name", "image_size",
-                 "count", "flip", "sample", "dtype", "shard_size")  # fmt: skip
+                 "count", "flip", "sample", "dtype", "shard_size", "seed")  # fmt: skip
+PROGRESS_FILE = "encoding.json"  # the shards an unfinished encoding has written so far
+USAGE_ERROR = 2
 
 
 def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
@@ -86,17 +109,34 @@ def vae_fingerprint(vae_dir: str | Path) -> str:
 
 
 @torch.no_grad()
-def encode_batch(vae, images: torch.Tensor, sample: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """uint8 (B, 3, S, S) -> scaled latents (B, C, h, w) float32: ``(z - shift) * scaling_factor``."""
+def encode_batch(vae, images: torch.Tensor, generators: list[torch.Generator] | None) -> torch.Tensor:
+    """uint8 (B, 3, S, S) -> scaled latents (B, C, h, w) float32: ``(z - shift) * scaling_factor``.
+
+    ``generators`` (one per image) draw posterior samples; None takes the posterior mean.
+    """
     x = images.to(vae.device, torch.float32) / 127.5 - 1.0  # [0, 255] -> [-1, 1]
     posterior = vae.encode(x).latent_dist
-    z = posterior.sample(generator=generator) if sample else posterior.mean
+    z = posterior.sample(generator=generators) if generators is not None else posterior.mean
     shift = vae.config.get("shift_factor") or 0.0
     return ((z - shift) * vae.config.scaling_factor).float()
 
 
+def row_generators(seed: int, rows: range, flipped: bool, device: torch.device) -> list[torch.Generator]:
+    """One generator per source row, so ``--sample`` draws the same noise however the rows are batched
+    (and whether the encoding was interrupted and resumed); the mirrored copy has its own stream."""
+    base = seed * 2**33 + (2**32 if flipped else 0)
+    return [torch.Generator(device).manual_seed(base + row) for row in rows]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block) with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(USAGE_ERROR, f"error: {message} (command line); valid: see {self.prog} --help\n")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m datamodules.encode_latents", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m datamodules.encode_latents", description=__doc__.split("\n")[0])
     parser.add_argument("--vae", required=True, help="AutoencoderKL directory (save_pretrained layout)")
     parser.add_argument("--out", required=True, help="cache directory to write")
     source = parser.add_mutually_exclusive_group()
@@ -112,36 +152,113 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="storage dtype")
     parser.add_argument("--limit", type=int, default=None, help="encode only the first N images (quick runs)")
     parser.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu', 'cuda:1', ...")
-    parser.add_argument("--overwrite", action="store_true", help="replace a cache made with other settings")
+    parser.add_argument("--overwrite", action="store_true", help="replace a latent cache made with other settings")
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "shard_size"):
         if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be positive")
     if args.limit is not None and args.limit <= 0:
-        parser.error("--limit must be positive")
+        parser.error(f"--limit {args.limit} must be positive")
+    if args.num_workers < 0 or not 0 <= args.seed < 2**30:
+        parser.error(f"--num-workers {args.num_workers} / --seed {args.seed} out of range (>= 0, seed < 2**30)")
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    out, flip = Path(args.out), not args.no_flip
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    try:
-        vae = load_vae(args.vae).to(device).eval()
-        if args.image_folder is not None:
-            dataset, class_names, name = image_folder_source(args.image_folder, args.image_size)
-            source = "image-folder"
+def settings_tag(meta: LatentCacheMeta) -> str:
+    """A short hash of the settings a cache is made with; it goes into the shard file names."""
+    identity = {k: getattr(meta, k) for k in IDENTITY_KEYS}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def shard_files(out: Path, shards: list[dict]) -> list[Path]:
+    return [out / shard[key] for shard in shards for key in SHARD_KEYS if shard.get(key)]
+
+
+@dataclass
+class OutputPlan:
+    """What to do with ``--out``: resume from ``shards``, and delete ``replaced`` once the new cache is complete."""
+
+    exists: bool = False
+    shards: list[dict] = field(default_factory=list)
+    replaced: list[Path] = field(default_factory=list)
+
+
+def plan_output(out: Path, meta: LatentCacheMeta, tag: str, overwrite: bool) -> OutputPlan:
+    """Decides between "cache exists", resume, a fresh cache, and replacing one (``--overwrite``).
+
+    Raises:
+        ValueError: one line when ``--out`` holds something this command must not touch.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file (command line); valid: a new or empty directory")
+    plan = OutputPlan()
+    if (out / META_FILE).is_file():
+        old = read_latent_meta(out)  # a corrupt meta.json is reported, never replaced blindly
+        differs = [k for k in IDENTITY_KEYS if getattr(old, k) != getattr(meta, k)]
+        if not differs:
+            print(f"cache exists: {out} ({old.count} latents of shape {tuple(old.latent_shape)}, flip={old.flip})")
+            return OutputPlan(exists=True)
+        if not overwrite:
+            raise ValueError(
+                f"--out {str(out)!r} holds a latent cache made with other settings ({', '.join(differs)}); "
+                "valid: the same settings, another --out, or --overwrite to replace it"
+            )
+        plan.replaced += shard_files(out, old.shards)
+    progress = out / PROGRESS_FILE
+    if progress.is_file():
+        try:
+            record = json.loads(progress.read_text())
+            check_shard_names(out, record["shards"], meta.flip, progress)
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{str(progress)!r} is not an encoding record ({err}); valid: delete it") from None
+        if record.get("tag") == tag:
+            plan.shards = record["shards"]
+        elif not overwrite:
+            raise ValueError(
+                f"--out {str(out)!r} holds an unfinished encoding with other settings ({progress}); "
+                "valid: the same settings (resumes), another --out, or --overwrite"
+            )
         else:
-            dataset, class_names, name = embedded_source(args.image_size, args.limit)
-            source = "embedded"
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+            plan.replaced += shard_files(out, record["shards"])
+    elif out.is_dir() and not (out / META_FILE).is_file():
+        found = sorted(p.name for p in out.iterdir())
+        if found:
+            raise ValueError(
+                f"--out {str(out)!r} is not a latent cache (it holds {', '.join(found[:3])}"
+                f"{', ...' if len(found) > 3 else ''}); valid: a new or empty directory, or a latent cache"
+            )
+    return plan
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[list[int]]:
+    """SIGTERM / SIGINT set a flag (the list gets the signal number) instead of killing the process,
+    so the loop can finish its batch and save; the previous handlers come back afterwards."""
+    received: list[int] = []
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def build_meta(args: argparse.Namespace, vae) -> tuple[Dataset, LatentCacheMeta]:
+    """The dataset to encode and the meta.json it will get (shards filled in at the end)."""
+    if args.image_folder is not None:
+        dataset, class_names, name = image_folder_source(args.image_folder, args.image_size)
+        source = "image-folder"
+    else:
+        dataset, class_names, name = embedded_source(args.image_size, args.limit)
+        source = "embedded"
     if args.limit is not None and len(dataset) > args.limit:
         dataset = Subset(dataset, range(args.limit))
     downsample = 2 ** (len(vae.config.block_out_channels) - 1)  # each encoder block but the last halves the side
     if args.image_size % downsample:
-        raise SystemExit(
-            f"error: --image-size {args.image_size} is not a multiple of the VAE's downsampling {downsample}"
+        raise ValueError(
+            f"--image-size {args.image_size} (command line); valid: a multiple of the VAE's downsampling {downsample}"
         )
     latent_hw = args.image_size // downsample
     meta = LatentCacheMeta(
@@ -156,47 +273,85 @@ def main(argv: Sequence[str] | None = None) -> int:
         source_name=name,
         image_size=args.image_size,
         count=len(dataset),
-        flip=flip,
+        flip=not args.no_flip,
         sample=args.sample,
         dtype=args.dtype,
         shard_size=args.shard_size,
+        seed=args.seed if args.sample else None,
     )
-    if (out / META_FILE).is_file():
-        old = read_latent_meta(out)
-        differs = [k for k in IDENTITY_KEYS if getattr(old, k) != getattr(meta, k)]
-        if not differs:
-            print(f"cache exists: {out} ({old.count} latents of shape {tuple(old.latent_shape)}, flip={old.flip})")
-            return 0
-        if not args.overwrite:
-            raise SystemExit(
-                f"{out} holds a cache made with other settings ({', '.join(differs)}); "
-                "pass --overwrite or choose another --out"
-            )
-        (out / META_FILE).unlink()  # the cache is incomplete from here until the new meta.json lands
-    out.mkdir(parents=True, exist_ok=True)
+    return dataset, meta
 
-    generator = torch.Generator(device).manual_seed(args.seed) if args.sample else None
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers)
-    writer, start, done = LatentShardWriter(out, args.shard_size, args.dtype), time.perf_counter(), 0
-    for images, labels in loader:
-        latents = encode_batch(vae, images, args.sample, generator).cpu().numpy()
-        flipped = None
-        if flip:
-            mirrored = torch.flip(images, dims=[-1])  # (B, 3, S, S): mirror the width axis
-            flipped = encode_batch(vae, mirrored, args.sample, generator).cpu().numpy()
-        writer.add(latents, flipped, np.asarray(labels))
-        done += len(labels)
-        rate = done / (time.perf_counter() - start)
-        print(f"\r{done}/{meta.count} images encoded ({rate:.0f}/s)", end="", flush=True)
-    meta.shards = writer.close()
-    meta.write(out)  # last: its presence marks a complete cache
-    files = [out / name for shard in meta.shards for key, name in shard.items() if key != "count" and name]
-    size_mib = sum(f.stat().st_size for f in files) / 2**20
+
+def write_progress(out: Path, tag: str, meta: LatentCacheMeta, shards: list[dict]) -> None:
+    record = {"tag": tag, "count": meta.count, "done": sum(s["count"] for s in shards), "shards": shards}
+    tmp = out / (PROGRESS_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, out / PROGRESS_FILE)
+
+
+def encode(args: argparse.Namespace) -> int:
+    """Encodes (or resumes, or skips) the cache; returns the exit status."""
+    out = Path(args.out)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    vae = load_vae(args.vae).to(device).eval()
+    dataset, meta = build_meta(args, vae)
+    tag = settings_tag(meta)
+    plan = plan_output(out, meta, tag, args.overwrite)
+    if plan.exists:
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    writer = LatentShardWriter(
+        out, args.shard_size, args.dtype, tag, plan.shards, on_flush=lambda s: write_progress(out, tag, meta, s)
+    )
+    first = sum(s["count"] for s in plan.shards)  # rows already encoded by an interrupted run
+    remaining = Subset(dataset, range(first, meta.count))
+    loader = DataLoader(remaining, batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers)
+    start, row = time.perf_counter(), first
+    bar = tqdm(total=meta.count, initial=first, unit="img", desc="encoding", dynamic_ncols=True, mininterval=1.0)
+    with stop_on_signals() as received:
+        for images, labels in loader:
+            rows = range(row, row + len(labels))
+            gen = row_generators(args.seed, rows, False, device) if args.sample else None
+            latents = encode_batch(vae, images, gen).cpu().numpy()
+            flipped = None
+            if meta.flip:
+                mirrored = torch.flip(images, dims=[-1])  # (B, 3, S, S): mirror the width axis
+                gen = row_generators(args.seed, rows, True, device) if args.sample else None
+                flipped = encode_batch(vae, mirrored, gen).cpu().numpy()
+            writer.add(latents, flipped, np.asarray(labels))
+            row += len(labels)
+            bar.update(len(labels))
+            if received:
+                break
+        meta.shards = writer.close()  # the last (possibly partial) shard, recorded in encoding.json
+    bar.close()
+    if row < meta.count:
+        name = signal.Signals(received[0]).name
+        print(f"interrupted by {name}: {row}/{meta.count} images encoded into {out}; rerun the same command to resume")
+        return 128 + received[0]
+    meta.write(out)  # last: its presence marks a complete cache, and replaces an old one in one step
+    (out / PROGRESS_FILE).unlink(missing_ok=True)
+    keep = set(shard_files(out, meta.shards))
+    for path in plan.replaced:  # files of the cache (or unfinished encoding) that --overwrite replaced
+        if path not in keep:
+            path.unlink(missing_ok=True)
+    size_mib = sum(f.stat().st_size for f in keep) / 2**20
     print(
-        f"\nwrote {meta.count} latents{' + flipped' if flip else ''} of shape {tuple(meta.latent_shape)} to {out} "
+        f"wrote {meta.count} latents{' + flipped' if meta.flip else ''} of shape {tuple(meta.latent_shape)} to {out} "
         f"in {time.perf_counter() - start:.1f}s ({size_mib:.1f} MiB, scaling_factor={meta.scaling_factor:.6g})"
     )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command; bad input is one line on stderr and exit status 2."""
+    args = parse_args(argv)
+    try:
+        return encode(args)
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: {message}", file=sys.stderr)
+        return USAGE_ERROR
 
 
 if __name__ == "__main__":

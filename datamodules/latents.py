@@ -2,10 +2,16 @@
 
     <cache_dir>/
       meta.json                  written last: its presence marks a complete cache
-      latents_00000.npy          (n, C, h, w) float16|float32, already (z - shift) * scaling_factor
-      latents_flip_00000.npy     same rows, encoded from the horizontally flipped images (if flip)
-      labels_00000.npy           (n,) int64, shared by both sets
-      ...                        one triple per `shard_size` source images, in source order
+      latents_<tag>_00000.npy    (n, C, h, w) float16|float32, already (z - shift) * scaling_factor
+      latents_flip_<tag>_00000.npy   same rows, encoded from the horizontally flipped images (if flip)
+      labels_<tag>_00000.npy     (n,) int64, shared by both sets
+      ...                        one triple per `shard_size` source images (or fewer), in source order
+      encoding.json              only while encoding: the shards finished so far (a rerun resumes)
+
+``<tag>`` identifies the settings a cache was made with, so a cache re-encoded with other settings
+(``--overwrite``) writes new files next to the old ones and switches over by replacing ``meta.json``.
+Shard names in ``meta.json`` must be plain file names inside the cache directory: a cache never makes
+its reader open a file elsewhere.
 
 Flips are a SECOND SET OF SHARDS aligned row by row with the first (row i of ``latents_flip`` is
 image i mirrored), not extra rows: the train/val split is drawn over source images, so an image
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,7 +47,12 @@ __all__ = [
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
-ENCODE_HINT = "python -m datamodules.encode_latents --vae runs/vae/tiny/vae --out {cache_dir}"
+SHARD_KEYS = ("latents", "latents_flip", "labels")
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.npy")
+ENCODE_HINT = (
+    "python -m datamodules.encode_latents --vae runs/vae/tiny/vae --out {cache_dir} (or `make dit`); "
+    "a smoke run needs none: -c configs/dit/synthetic-latents.yaml"
+)
 
 
 @dataclass
@@ -65,6 +78,7 @@ class LatentCacheMeta:
         shard_size: Source images per shard.
         shards: Per shard: {"latents", "latents_flip" (or None), "labels", "count"}.
         format_version: Layout version of the cache.
+        seed: Seed of the posterior samples (None for posterior means).
     """
 
     num_classes: int
@@ -84,6 +98,7 @@ class LatentCacheMeta:
     shard_size: int
     shards: list[dict] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
+    seed: int | None = None
 
     def write(self, cache_dir: str | Path) -> None:
         """Writes ``meta.json`` through a temp file and ``os.replace`` (a reader never sees half of it)."""
@@ -113,13 +128,37 @@ def read_latent_meta(cache_dir: str | Path) -> LatentCacheMeta:
         raise ValueError(f"{str(path)!r} is not a latent cache meta.json: {err}") from None
     if meta.format_version != FORMAT_VERSION:
         raise ValueError(f"{str(path)!r} has cache format {meta.format_version}, this code reads {FORMAT_VERSION}")
+    check_shard_names(cache_dir, meta.shards, meta.flip, path)
     return meta
+
+
+def check_shard_names(cache_dir: str | Path, shards: list, flip: bool, source: str | Path) -> None:
+    """Every shard entry names plain ``.npy`` files that resolve to inside ``cache_dir``.
+
+    Raises:
+        ValueError: one line naming the entry and ``source`` (the meta.json it came from).
+    """
+    root = Path(cache_dir).resolve()
+    if not isinstance(shards, list):
+        raise ValueError(f"shards: {shards!r} ({source}); valid: a list of shard entries")
+    for k, shard in enumerate(shards):
+        if not isinstance(shard, dict) or not isinstance(shard.get("count"), int) or shard["count"] < 0:
+            raise ValueError(f"shards[{k}]: {shard!r} ({source}); valid: {{latents, latents_flip, labels, count >= 0}}")
+        for key in SHARD_KEYS:
+            if key == "latents_flip" and not flip:
+                continue  # never opened
+            name = shard.get(key)
+            inside = isinstance(name, str) and SHARD_NAME.fullmatch(name) and (root / name).resolve().parent == root
+            if not inside:
+                raise ValueError(
+                    f"shards[{k}].{key}: {name!r} ({source}); valid: a plain .npy file name inside {str(root)!r}"
+                )
 
 
 def write_array(path: Path, array: np.ndarray) -> None:
     """``np.save`` through a temp file and ``os.replace``."""
     tmp = path.with_name(path.stem + ".tmp.npy")
-    np.save(tmp, array)
+    np.save(tmp, array, allow_pickle=False)
     os.replace(tmp, path)
 
 
@@ -130,11 +169,23 @@ class LatentShardWriter:
         cache_dir: Directory the shards go to.
         shard_size: Rows (source images) per shard.
         dtype: Storage dtype of the latents.
+        tag: Goes into every file name (``latents_<tag>_00000.npy``); "" gives ``latents_00000.npy``.
+        shards: Shards already written (a resumed encoding appends to them).
+        on_flush: Called with the shard list after each shard is on disk (progress for resuming).
     """
 
-    def __init__(self, cache_dir: str | Path, shard_size: int, dtype: str = "float16") -> None:
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        shard_size: int,
+        dtype: str = "float16",
+        tag: str = "",
+        shards: list[dict] | None = None,
+        on_flush: Callable[[list[dict]], None] | None = None,
+    ) -> None:
         self.cache_dir, self.shard_size, self.dtype = Path(cache_dir), shard_size, np.dtype(dtype)
-        self.shards: list[dict] = []
+        self.tag, self.on_flush = f"{tag}_" if tag else "", on_flush
+        self.shards: list[dict] = list(shards or [])
         self._parts: dict[str, list[np.ndarray]] = {"latents": [], "latents_flip": [], "labels": []}
         self._pending = 0
 
@@ -157,11 +208,13 @@ class LatentShardWriter:
         shard: dict = {"latents": None, "latents_flip": None, "labels": None, "count": self._pending}
         for key, parts in self._parts.items():
             if parts:
-                shard[key] = f"{key}_{k:05d}.npy"
+                shard[key] = f"{key}_{self.tag}{k:05d}.npy"
                 write_array(self.cache_dir / shard[key], np.concatenate(parts))
                 parts.clear()
         self.shards.append(shard)
         self._pending = 0
+        if self.on_flush is not None:
+            self.on_flush(self.shards)
 
     def close(self) -> list[dict]:
         """Writes the last partial shard; returns the shard list for ``meta.json``."""
@@ -218,17 +271,19 @@ class LatentShards:
         return np.array(arrays[shard][index - self.offsets[shard]], dtype=np.float32)  # a copy, off the mmap
 
 
-class LatentDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """(latent float32 (C, h, w), label int64) for the given rows of a cache.
+class LatentDataset(Dataset[tuple[torch.Tensor, ...]]):
+    """(latent float32 (C, h, w), label int64) for the given rows of a cache, and the row if ``with_row``.
 
     Args:
         shards: The cache.
         index: Rows (source images) this split holds.
         random_flip: Return the mirrored image's latent with probability 1/2 (needs a flip cache).
+        with_row: Also return the row (int64): generation seeds each sample by it, so samples stay
+            distinct and reproducible however the rows are split over ranks and batches.
     """
 
-    def __init__(self, shards: LatentShards, index: np.ndarray, random_flip: bool) -> None:
-        self.shards, self.index = shards, index
+    def __init__(self, shards: LatentShards, index: np.ndarray, random_flip: bool, with_row: bool = False) -> None:
+        self.shards, self.index, self.with_row = shards, index, with_row
         self.random_flip = random_flip and shards.meta.flip
 
     def __len__(self) -> int:
@@ -238,7 +293,8 @@ class LatentDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         row = int(self.index[i])
         flipped = self.random_flip and bool(torch.rand(()) < 0.5)  # torch RNG: seeded per DataLoader worker
         latent = torch.from_numpy(self.shards.latent(row, flipped))
-        return latent, torch.tensor(self.shards.labels[row], dtype=torch.int64)
+        label = torch.tensor(self.shards.labels[row], dtype=torch.int64)
+        return (latent, label, torch.tensor(row, dtype=torch.int64)) if self.with_row else (latent, label)
 
 
 class LatentDataModule(L.LightningDataModule):
@@ -332,10 +388,10 @@ class LatentDataModule(L.LightningDataModule):
             self.train_index, self.val_index = self.split_indices()
             self.train_sampler = RandomPermutationSampler(len(self.train_index), self.seed)
 
-    def _loader(self, index: np.ndarray | None, train: bool) -> DataLoader:
+    def _loader(self, index: np.ndarray | None, train: bool, with_row: bool = False) -> DataLoader:
         if self.shards is None or index is None:
             raise RuntimeError("call setup() before asking for a dataloader")
-        dataset = LatentDataset(self.shards, index, random_flip=train and self.random_flip)
+        dataset = LatentDataset(self.shards, index, random_flip=train and self.random_flip, with_row=with_row)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -357,5 +413,5 @@ class LatentDataModule(L.LightningDataModule):
         return self._loader(self.val_index, train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        """Validation (latent, label) batches: the generation task uses their labels."""
-        return self._loader(self.val_index, train=False)
+        """Validation (latent, label, row) batches: the generation task uses their labels and rows."""
+        return self._loader(self.val_index, train=False, with_row=True)

@@ -61,14 +61,24 @@ class DiT(nn.Module):
 
     @torch.no_grad()
     def initialize_weights(self) -> None:
-        """DiT's init outside the trunk (the trunk inits itself, ``init="xavier"`` in DiT configs)."""
+        """The official DiT ``initialize_weights``, line by line, outside the trunk.
+
+        Official: every ``nn.Linear`` gets xavier-uniform weights and ZERO biases (``_basic_init``), then
+        some weights are redrawn. So the timestep MLP keeps zero biases under its normal(0.02) weights;
+        PyTorch's default bias init would leave them uniform(+-1/sqrt(fan_in)). The trunk's Linears
+        (attention, MLP, adaLN) are initialized by the trunk (``init="xavier"`` in DiT configs, adaLN
+        zeroed); the positional embedding is the fixed 2-D sin-cos table (a buffer).
+        """
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # patch embed like a Linear
         nn.init.zeros_(self.x_embedder.proj.bias)
         nn.init.normal_(self.y_embedder.table.weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
-        nn.init.zeros_(self.final_linear.weight)  # zero output at init: the model starts as identity noise
+        for linear in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
+            nn.init.normal_(linear.weight, std=0.02)
+            nn.init.zeros_(linear.bias)
+        nn.init.zeros_(self.final_adaLN.net[1].weight)  # AdaLNZero zeroes itself; restated as official does
+        nn.init.zeros_(self.final_adaLN.net[1].bias)
+        nn.init.zeros_(self.final_linear.weight)  # zero output at init: the model starts predicting zero noise
         nn.init.zeros_(self.final_linear.bias)
 
     def unpatchify(self, x: Tensor) -> Tensor:
@@ -86,16 +96,27 @@ class DiT(nn.Module):
         shift, scale = self.final_adaLN(c)
         return self.unpatchify(self.final_linear(modulate(h, shift, scale)))
 
-    def forward_with_cfg(self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float) -> Tensor:
+    def forward_with_cfg(
+        self, x: Tensor, t: Tensor, y: Tensor, cfg_scale: float, cfg_channels: int | None = None
+    ) -> Tensor:
         """Classifier-free guidance on a batch whose second half repeats the first with null labels.
 
-        ``eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond)`` on the first ``in_channels``
-        channels (copied to both halves); the learned-variance channels are left as each half
-        predicted them, as in the official DiT.
+        ``eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond)`` on the first ``cfg_channels``
+        output channels (copied to both halves); the others, including the learned-variance channels,
+        are left as each half predicted them.
+
+        Args:
+            cfg_channels: None guides every latent channel (``in_channels``: the standard approach);
+                3 guides only the first three, which is what the official DiT ``forward_with_cfg``
+                does "for exact reproducibility" of its published samples (the 4th latent channel
+                then keeps the conditional prediction). Only these two differ in practice.
         """
+        guided = self.in_channels if cfg_channels is None else cfg_channels
+        if not 1 <= guided <= self.in_channels:
+            raise ValueError(f"cfg_channels={cfg_channels}; valid: None (all) or 1..{self.in_channels}")
         half = x[: len(x) // 2]
         out = self(torch.cat([half, half]), t, y)
-        eps, rest = out[:, : self.in_channels], out[:, self.in_channels :]
+        eps, rest = out[:, :guided], out[:, guided:]
         cond_eps, uncond_eps = eps.chunk(2)
         guided = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
         return torch.cat([torch.cat([guided, guided]), rest], dim=1)

@@ -41,10 +41,20 @@ class ViTClassifier(nn.Module):
         self.trunk = Trunk(trunk)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(trunk.dim, num_classes)
-        # timm's ViT init: tiny cls token, trunc-normal positions, trunk-style head.
-        nn.init.normal_(self.cls_token, std=1e-6)
+        self.initialize_weights()
+
+    @torch.no_grad()
+    def initialize_weights(self) -> None:
+        """The DeiT training code's init: timm 0.3.2's ``VisionTransformer`` (DeiT's requirements.txt).
+
+        ``pos_embed`` and ``cls_token``: trunc-normal, std 0.02 (recent timm draws the class token
+        with std 1e-6 instead; DeiT trained with 0.02). Every Linear, the head included: trunc-normal
+        std 0.02 and zero bias (the trunk does its own with ``init="trunc_normal"``, ``init_std=0.02``);
+        LayerNorms: weight 1, bias 0 (their defaults); the patch-embedding conv keeps PyTorch's default.
+        """
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.head.weight, std=trunk.init_std)
+        nn.init.trunc_normal_(self.head.weight, std=self.cfg.init_std)
         nn.init.zeros_(self.head.bias)
 
     def forward_features(self, x: Tensor, skip_blocks: frozenset[int] = frozenset()) -> Tensor:

@@ -7,9 +7,11 @@ diffusers' DiTPipeline hard-codes 1000 classes, so the loop over timesteps lives
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
+from diffusers.utils.torch_utils import randn_tensor
 from torch import Tensor
 
 from models import DiT
@@ -27,15 +29,18 @@ def make_scheduler(kind: str, num_train_timesteps: int, beta_schedule: str, lear
     raise ValueError(f"unknown sampler {kind!r}; valid: {', '.join(SAMPLERS)}")
 
 
-def guided_prediction(net: DiT, x: Tensor, t: Tensor, labels: Tensor, guidance: float) -> Tensor:
+def guided_prediction(
+    net: DiT, x: Tensor, t: Tensor, labels: Tensor, guidance: float, cfg_channels: int | None = None
+) -> Tensor:
     """The model output used for one sampling step; classifier-free guidance when ``guidance != 1``.
 
-    The guided branch runs ``[x, x]`` with ``[labels, null]`` through :meth:`DiT.forward_with_cfg`.
+    The guided branch runs ``[x, x]`` with ``[labels, null]`` through :meth:`DiT.forward_with_cfg`;
+    ``cfg_channels`` is passed on (None: every latent channel; 3: the official DiT sampling code).
     """
     if guidance == 1.0:
         return net(x, t, labels)
     null = torch.full_like(labels, net.num_classes)
-    out = net.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, null]), guidance)
+    out = net.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([labels, null]), guidance, cfg_channels)
     return out[: len(x)]
 
 
@@ -47,14 +52,24 @@ def sample_latents(
     latent_shape: tuple[int, int, int],
     steps: int,
     guidance: float = 1.0,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    cfg_channels: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Tensor:
-    """Ancestral (DDPM) or deterministic (DDIM) sampling from pure noise: ``(B, C, h, w)`` latents."""
+    """Ancestral (DDPM) or deterministic (DDIM) sampling from pure noise: ``(B, C, h, w)`` latents.
+
+    Args:
+        generator: one for the batch, or one per sample (then each sample's starting noise and DDPM
+            noise depend on its own generator only, whatever else is in the batch).
+        should_stop: checked before every denoising step; True raises ``InterruptedError``.
+    """
     scheduler.set_timesteps(steps)
-    x = torch.randn((len(labels), *latent_shape), generator=generator, device=labels.device)
+    x = randn_tensor((len(labels), *latent_shape), generator=generator, device=labels.device)
     learned = getattr(scheduler.config, "variance_type", None) == "learned_range"
     for t in scheduler.timesteps:
-        out = guided_prediction(net, x, t.expand(len(x)).to(labels.device), labels, guidance)
+        if should_stop is not None and should_stop():
+            raise InterruptedError(f"sampling stopped before step {int(t)}")
+        out = guided_prediction(net, x, t.expand(len(x)).to(labels.device), labels, guidance, cfg_channels)
         out = out if learned else out[:, : latent_shape[0]]  # drop predicted variance where unused
         x = scheduler.step(out, t, x, generator=generator).prev_sample
     return x

@@ -11,6 +11,7 @@ VAE config and the VAE is saved with ``save_pretrained``; the DiT latent cache
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from experiments.tasks.optim import warmup_cosine
 from models.vae import build_vae
 
 __all__ = ["AutoencoderTraining", "VaeLosses", "compute_scaling_factor"]
+
+OWNER_FILE = "written_by.json"  # in the saved VAE directory: which run saved it
 
 
 @torch.no_grad()
@@ -81,7 +84,9 @@ class AutoencoderTraining(L.LightningModule):
         warmup_steps: Linear warmup length in optimizer steps.
         schedule: "cosine" decay to ``min_lr_ratio * lr`` after warmup, or "constant".
         min_lr_ratio: Final learning rate as a fraction of ``lr``.
-        output_dir: Where ``save_pretrained`` writes at fit end; None means ``<run dir>/vae``.
+        output_dir: Where ``save_pretrained`` writes at fit end; None means ``<run dir>/vae``. A VAE there
+            written by another run (latent caches depend on it) is refused at fit start.
+        overwrite_output: Replace a VAE in ``output_dir`` that another run wrote.
         scaling_images: Training images the latent scaling factor is measured on.
         num_log_images: Originals (top row) and reconstructions (bottom row) in the TensorBoard grid.
         in_channels: Image channels.
@@ -105,6 +110,7 @@ class AutoencoderTraining(L.LightningModule):
         schedule: Literal["cosine", "constant"] = "cosine",
         min_lr_ratio: float = 0.1,
         output_dir: str | None = None,
+        overwrite_output: bool = False,
         scaling_images: int = 2000,
         num_log_images: int = 8,
         in_channels: int = 3,
@@ -196,6 +202,8 @@ class AutoencoderTraining(L.LightningModule):
     ##################################################################### fit start / end
 
     def on_fit_start(self) -> None:
+        if self.trainer.global_rank == 0 and not self.trainer.fast_dev_run:
+            self.check_output_dir()
         # Register the key metric with the hparams plugin so runs compare in TensorBoard's HPARAMS tab.
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
@@ -209,6 +217,23 @@ class AutoencoderTraining(L.LightningModule):
             raise RuntimeError("output_dir is None and the module is not attached to a Trainer: no run directory")
         return Path(self.trainer.log_dir or self.trainer.default_root_dir) / "vae"
 
+    def run_dir(self) -> str:
+        return str(Path(self.trainer.log_dir or self.trainer.default_root_dir).resolve())
+
+    def check_output_dir(self) -> None:
+        """Refuses, before training, to overwrite a VAE that another run saved (a latent cache may depend on it)."""
+        path = self.default_output_dir()
+        if not (path / "config.json").is_file() or self.hparams.overwrite_output:
+            return
+        owner_file = path / OWNER_FILE
+        owner = json.loads(owner_file.read_text()).get("run_dir") if owner_file.is_file() else None
+        if owner != self.run_dir():
+            origin = f"saved by the run in {owner}" if owner else "not saved by this run"
+            raise ValueError(
+                f"model.init_args.output_dir={str(path)!r} already holds a VAE ({origin}); valid: another "
+                "output_dir, resuming the run that saved it, or --model.init_args.overwrite_output=true"
+            )
+
     def export(self, batches: Iterable[Tensor], output_dir: str | Path | None = None) -> Path:
         """Measures the scaling factor on ``batches``, stores it in the VAE config, and saves the VAE.
 
@@ -221,6 +246,8 @@ class AutoencoderTraining(L.LightningModule):
         self.vae.register_to_config(scaling_factor=factor)
         path = Path(output_dir) if output_dir is not None else self.default_output_dir()
         self.vae.save_pretrained(str(path))
+        if self._trainer is not None:
+            (path / OWNER_FILE).write_text(json.dumps({"run_dir": self.run_dir()}))
         return path
 
     def on_fit_end(self) -> None:

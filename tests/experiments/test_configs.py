@@ -23,6 +23,10 @@ TASK_CONFIGS = sorted(
 OVERLAYS = {
     "configs/lm/moe-tiny.yaml": "configs/lm/tiny.yaml",
     "configs/lm/downstream.yaml": "configs/lm/tiny.yaml",
+    # DiT: the FID-50K protocol on the paper model, the synthetic smoke source on the tiny one.
+    "configs/dit/eval-fid50k.yaml": "configs/dit/dit-b2.yaml",
+    "configs/dit/eval-fid50k-cfg1.5.yaml": "configs/dit/eval-fid50k.yaml",
+    "configs/dit/synthetic-latents.yaml": "configs/dit/tiny.yaml",
     **{str(p.relative_to(ROOT)): "configs/lm/tiny.yaml" for p in ROOT.glob("configs/lm/tiny-depth-*.yaml")},
 }
 # Named variants of a scheme (Table 3 ablation rows): configs/norm/<scheme>-<variant>.yaml.
@@ -44,7 +48,7 @@ def parse(*configs: str, extra: tuple[str, ...] = ()):
 
 
 def configs_for(path: str) -> tuple[str, ...]:
-    return (OVERLAYS[path], path) if path in OVERLAYS else (path,)
+    return (*configs_for(OVERLAYS[path]), path) if path in OVERLAYS else (path,)
 
 
 def test_every_yaml_is_valid_yaml():

