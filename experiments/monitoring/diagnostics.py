@@ -1,4 +1,4 @@
-"""Training diagnostics the paper argues with (DESIGN.md section 6), one callback away::
+"""Training diagnostics the paper argues with (docs/architecture.md, "Diagnostics"), one callback away::
 
     python -m experiments fit -c configs/lm/tiny.yaml -c configs/norm/siamese.yaml \\
         --trainer.callbacks+=experiments.monitoring.diagnostics.Diagnostics --trainer.callbacks.every_n_steps=25

@@ -28,6 +28,7 @@ from experiments.monitoring.records import (  # noqa: F401 - re-exported: where 
     atomic_write_json,
     mark_run_dir,
 )
+from experiments.reliability.layout import trainer_run_dir
 
 
 class RunSummary(Callback):
@@ -56,15 +57,17 @@ class RunSummary(Callback):
         self.status = "running"
 
     def _path(self, trainer: L.Trainer) -> Path | None:
-        return Path(trainer.log_dir) / SUMMARY_FILE if trainer.log_dir else None
+        run_dir = trainer_run_dir(trainer)
+        return Path(run_dir) / SUMMARY_FILE if run_dir else None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.perf_counter()
         # What a context-free predictor scores on this data (LM: unigram entropy), when the data knows it.
         self.baseline_loss = getattr(trainer.datamodule, "baseline_loss", None)
-        if trainer.log_dir and trainer.global_rank == 0:
-            mark_run_dir(Path(trainer.log_dir))
-            self.progress.start(Path(trainer.log_dir) / PROGRESS_FILE, "fit", trainer.global_step)
+        log_dir = trainer_run_dir(trainer)
+        if log_dir and trainer.global_rank == 0:
+            mark_run_dir(Path(log_dir))
+            self.progress.start(Path(log_dir) / PROGRESS_FILE, "fit", trainer.global_step)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.progress.total = _total_steps(trainer)  # once: Lightning's estimate walks the loaders
@@ -105,8 +108,9 @@ class RunSummary(Callback):
         return self.train_curve[-1][1] if self.train_curve else None
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.log_dir and trainer.global_rank == 0:
-            self.progress.start(Path(trainer.log_dir) / PROGRESS_FILE, "test", 0)
+        log_dir = trainer_run_dir(trainer)
+        if log_dir and trainer.global_rank == 0:
+            self.progress.start(Path(log_dir) / PROGRESS_FILE, "test", 0)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.global_rank == 0 and self.progress.due():

@@ -41,6 +41,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from experiments.reliability.errors import CheckpointError
+from experiments.reliability.layout import trainer_run_dir
 from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
 
 INTERRUPTED_NAME = "interrupted.ckpt"
@@ -310,7 +311,7 @@ def checkpoint_dir(trainer: L.Trainer) -> Path:
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return Path(callback.dirpath)
-    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
+    return Path(trainer_run_dir(trainer)) / "checkpoints"
 
 
 class InterruptCheckpoint(Callback):

@@ -62,6 +62,15 @@ def run_dir_for(root: str | Path, task: str, experiment: str, run_name: str) -> 
     return Path(root) / task / check_name("experiment", experiment) / check_name("run_name", run_name)
 
 
+def trainer_run_dir(trainer) -> str | None:
+    """The run directory of a Trainer, read from its logger: what ``Trainer.log_dir`` returns, without its
+    broadcast. ``Trainer.log_dir`` is a collective under DDP, so code that only some ranks reach (rank zero,
+    an exception on one rank) would wait on it forever; this is safe anywhere."""
+    logger = trainer.logger
+    where = getattr(logger, "log_dir", None) if logger is not None else None
+    return str(where) if where else trainer.default_root_dir
+
+
 def run_dir_of_checkpoint(ckpt: str | Path) -> Path | None:
     """The run directory of ``<run>/checkpoints/<file>.ckpt`` if it is one the suite made, else None."""
     path = Path(ckpt)

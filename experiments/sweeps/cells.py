@@ -167,7 +167,26 @@ def cell_stats(cells: list[Cell], key: str = PRIMARY, baseline: str | None = Non
 
 
 def _protocol_text(protocol: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in protocol.items())
+    """One readable line: flat fields as ``key=value``; a task list (downstream) as its source, the
+    number of tasks and questions per task, not the whole nested record."""
+    return ", ".join(f"{k}={_value_text(v)}" for k, v in protocol.items())
+
+
+def _value_text(value) -> str:
+    if not isinstance(value, dict):
+        return str(value)
+    tasks = value.get("tasks")
+    if isinstance(tasks, dict):
+        docs = {name: t.get("docs", "?") if isinstance(t, dict) else "?" for name, t in tasks.items()}
+        per_task = ", ".join(f"{name} {n}" for name, n in docs.items())
+        source = f"{value['source']}, " if "source" in value else ""
+        return f"{source}{len(tasks)} tasks (questions: {per_task})"
+    return "{" + ", ".join(f"{k}={_value_text(v)}" for k, v in value.items()) + "}"
+
+
+def _protocol_key(protocol: dict) -> str:
+    """Identity of a protocol: every field, nested ones included (two protocols differing anywhere differ)."""
+    return json.dumps(protocol, sort_keys=True, default=str)
 
 
 def assign_protocols(table: list[dict]) -> list[str]:
@@ -185,11 +204,11 @@ def assign_protocols(table: list[dict]) -> list[str]:
             row["protocol_id"] = None
             continue
         protocol = row.get("protocol") or {}
-        text = _protocol_text(protocol) if protocol else "not recorded"
-        if text not in seen:
-            seen[text] = f"P{len(seen) + 1}"
-            texts[seen[text]] = text
-        row["protocol_id"] = seen[text]
+        key = _protocol_key(protocol) if protocol else ""
+        if key not in seen:
+            seen[key] = f"P{len(seen) + 1}"
+            texts[seen[key]] = _protocol_text(protocol) if protocol else "not recorded"
+        row["protocol_id"] = seen[key]
     if not seen:
         return []
     if len(seen) == 1:

@@ -16,6 +16,7 @@ from timm.utils import ModelEmaV3
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.base import TaskModule
 from experiments.tasks.diffusion import SAMPLERS, make_scheduler, sample_latents, vlb_term
 from experiments.tasks.optim import OptimConfig
@@ -216,7 +217,7 @@ class LatentDiffusion(TaskModule):
 
         if self.__dict__.get("_predictions_dir") is None:
             settings = sampling_settings(self)
-            root = Path(self.hparams.output_dir or self.trainer.log_dir or self.trainer.default_root_dir)
+            root = Path(self.hparams.output_dir or trainer_run_dir(self.trainer))
             directory = root / "predictions" / settings_dirname(settings, self.hparams.sample_seed)
             if self.trainer.is_global_zero:
                 prepare_directory(directory, {"seed": self.hparams.sample_seed, **settings})

@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from experiments.evaluation.fid import build_feature_extractor, open_reference
 from experiments.evaluation.fid.heldout import heldout_reference
 from experiments.evaluation.generation import score_against
+from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.sampling import (
     SamplePlan,
     chunk_files,
@@ -63,7 +64,7 @@ class GenerationEvaluation:
 
     # ------------------------------------------------------------------ where things go
     def run_dir(self) -> Path:
-        return Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        return Path(trainer_run_dir(self.trainer))
 
     def settings(self) -> dict:
         return sampling_settings(self.module)

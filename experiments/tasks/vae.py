@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.image import PeakSignalNoiseRatio
 from torchvision.utils import make_grid
 
+from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.optim import warmup_cosine
 from models.vae import build_vae
 
@@ -215,10 +216,10 @@ class AutoencoderTraining(L.LightningModule):
             return Path(self.hparams.output_dir)
         if self._trainer is None:
             raise RuntimeError("output_dir is None and the module is not attached to a Trainer: no run directory")
-        return Path(self.trainer.log_dir or self.trainer.default_root_dir) / "vae"
+        return Path(trainer_run_dir(self.trainer)) / "vae"
 
     def run_dir(self) -> str:
-        return str(Path(self.trainer.log_dir or self.trainer.default_root_dir).resolve())
+        return str(Path(trainer_run_dir(self.trainer)).resolve())
 
     def check_output_dir(self) -> None:
         """Refuses, before training, to overwrite a VAE that another run saved (a latent cache may depend on it)."""

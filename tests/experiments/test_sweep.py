@@ -231,7 +231,7 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
     assert json.loads((second / "summary.json").read_text())["status"] == "finished"
 
 
-BUDGETS = {"stability": (54, 120), "warmup": (6, 300), "ablation": (21, 150), "depth": (24, 150)}  # runs, steps
+BUDGETS = {"stability": (36, 120), "warmup": (6, 300), "ablation": (21, 150), "depth": (24, 150)}  # runs, steps
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))
