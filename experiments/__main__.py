@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> None:
         if described is None:
             raise  # SystemExit with its own status, or a bug: Python prints the traceback
         status, message = described
+        if argv and argv[0] not in TOOLS:
+            from experiments.reliability.config_files import add_origin
+
+            message = add_origin(message, argv[1:])  # which file set the value a model check refused
         if debug:
             traceback.print_exception(exc)
         print(f"error: {message}", file=sys.stderr, flush=True)

@@ -131,6 +131,30 @@ def origin_of(key: str, argv: Iterable[str]) -> str:
     return origin
 
 
+# Messages that the model's own checks raise at instantiation, and the config key each one names.
+_NAMED_KEYS = (
+    (re.compile(r"^unknown norm_scheme "), "model.init_args.trunk.norm_scheme"),
+    (re.compile(r"^trunk (\w+) "), "model.init_args.trunk.{0}"),
+    (re.compile(r"^(model\.init_args\.\w+)="), "{0}"),
+)
+
+
+def add_origin(message: str, argv: Iterable[str]) -> str:
+    """``message`` with the file (or "command line") that set the value it complains about, when a check
+    that runs after parsing (a model's constructor) raised it: ``unknown norm_scheme 'x' (mine.yaml); ...``."""
+    argv = list(argv)
+    for pattern, template in _NAMED_KEYS:
+        match = pattern.match(message)
+        if match is None:
+            continue
+        origin = origin_of(template.format(*match.groups()), argv)
+        if origin == "default" or origin in message:
+            return message
+        head, sep, tail = message.partition(";")
+        return f"{head} ({origin}){sep}{tail}"
+    return message
+
+
 #################################################################################
 #                     Bounds declared in class signatures                        #
 #################################################################################

@@ -280,3 +280,15 @@ def test_debug_adds_the_traceback(tmp_path: Path, corpus, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert "Traceback (most recent call last)" in err and "unknown norm_scheme 'siamesee'" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("where", ["file", "command line"])
+def test_a_value_the_model_refuses_names_the_file_that_set_it(where: str, tmp_path: Path, corpus, capsys):
+    """The trunk checks its scheme and numbers when it is built, after parsing: the line still says where
+    the bad value came from."""
+    overlay = tmp_path / "mine.yaml"
+    overlay.write_text("model:\n  init_args:\n    trunk:\n      norm_scheme: bogus\n")
+    extra = ["-c", str(overlay)] if where == "file" else ["--model.init_args.trunk.norm_scheme=bogus"]
+    line = error_line([*lm(tmp_path, corpus), *extra], capsys)
+    origin = str(overlay) if where == "file" else "command line"
+    assert line.startswith(f"error: unknown norm_scheme 'bogus' ({origin}); valid: pre, post, ")
