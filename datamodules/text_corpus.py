@@ -203,7 +203,7 @@ def list_inputs(sources: Sequence[str | Path]) -> list[InputFile]:
         FileNotFoundError: a source does not exist.
         ValueError: a file of an unknown kind, or no input file at all (one line, naming the path).
     """
-    valid = "valid: .txt .md .jsonl .jsonl.gz .jsonl.zst .parquet files or directories of them"
+    valid = "valid: 'embedded', .txt .md .jsonl .jsonl.gz .jsonl.zst .parquet files or directories of them"
     found: list[InputFile] = []
     for source in sources:
         path = Path(source)

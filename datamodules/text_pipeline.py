@@ -254,6 +254,9 @@ def prepare_corpus(
     check_fractions(spec.val_fraction, spec.test_fraction)
     files = None if spec.inputs == ["embedded"] else list_inputs(spec.inputs)
     single = _single_document(spec, files)
+    small_text = files is not None and len(files) == 1 and files[0].kind == "text" and files[0].size < 1 << 16
+    if small_text and not files[0].path.read_bytes().strip():  # a careless empty source would "train" on nothing
+        raise ValueError(f"text file {str(files[0].path)!r} is empty; valid: a UTF-8 text file with some text")
     record = spec.record(files or [])
     directory.mkdir(parents=True, exist_ok=True)
     saved = json.loads((directory / STATE_FILE).read_text()) if (directory / STATE_FILE).is_file() else None

@@ -260,7 +260,7 @@ def test_another_corpus_in_out_is_refused_unless_overwrite(tmp_path: Path, capsy
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--input", "/no/such/dir"], r"input '/no/such/dir' does not exist; valid: \.txt"),
+        (["--input", "/no/such/dir"], r"input '/no/such/dir' does not exist; valid: 'embedded', \.txt"),
         (["--input", "{tmp}/x.csv"], r"x\.csv' is not a known kind of file"),
         (["--input", "{tmp}/t.txt", "--val-fraction", "1.5"], r"val_fraction=1\.5 must lie strictly between 0 and 1"),
         (["--input", "{tmp}/t.txt", "--tokenizer", "wordpiece"], r"--tokenizer 'wordpiece' does not exist"),

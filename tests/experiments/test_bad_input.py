@@ -115,7 +115,7 @@ def test_a_broken_config_file_is_named(content: str, needle: str, tmp_path: Path
 
 def test_missing_text_source(tmp_path: Path, corpus, capsys):
     line = error_line(lm(tmp_path, corpus, f"--data.init_args.source={tmp_path / 'nowhere.txt'}"), capsys)
-    assert f"text source '{tmp_path / 'nowhere.txt'}' does not exist" in line and "'embedded'" in line
+    assert f"input '{tmp_path / 'nowhere.txt'}' does not exist; valid: 'embedded', .txt .md .jsonl" in line
 
 
 @pytest.mark.parametrize(
@@ -270,7 +270,8 @@ def test_command_line_prints_one_line_and_exits_2(tmp_path: Path, corpus):
         [sys.executable, "-m", "experiments", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.splitlines()[-1].startswith("error: unknown norm_scheme 'siamesee'; valid: pre, post")
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("error: unknown norm_scheme 'siamesee' (command line); valid: pre, post")
     assert "Traceback" not in proc.stderr
 
 
