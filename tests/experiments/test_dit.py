@@ -263,7 +263,13 @@ def test_two_process_ddp_test_samples_and_scores_like_one_process(trained, laten
     import subprocess
     import sys
 
-    _, ckpt = trained
+    import shutil
+
+    _, trained_ckpt = trained
+    # A copy outside any run: evaluating a run's own checkpoint writes into that run, and the two
+    # evaluations below must each get their own run directory (and their own sample chunks).
+    ckpt = tmp_path / "siamese.ckpt"
+    shutil.copyfile(trained_ckpt, ckpt)
     common = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
               f"--data.init_args.cache_dir={latent_cache}", "--trainer.enable_progress_bar=false", *TINY,
               f"--ckpt_path={ckpt}", *FID, "--model.init_args.sample_seed=9"]  # fmt: skip
