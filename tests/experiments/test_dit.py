@@ -260,10 +260,9 @@ def test_fid50k_protocol_on_dit_b2_runs_its_sampling_loop_on_cpu(tmp_path: Path,
 def test_two_process_ddp_test_samples_and_scores_like_one_process(trained, latent_cache: Path, tmp_path: Path):
     """Through Lightning on 2 CPU processes (gloo): each rank samples its chunks, rank 0 scores, all log."""
     import os
+    import shutil
     import subprocess
     import sys
-
-    import shutil
 
     _, trained_ckpt = trained
     # A copy outside any run: evaluating a run's own checkpoint writes into that run, and the two
