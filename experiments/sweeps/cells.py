@@ -166,6 +166,14 @@ def cell_stats(cells: list[Cell], key: str = PRIMARY, baseline: str | None = Non
     return out
 
 
+# Recorded with a run's test protocol for provenance, but they name the run, not how it was measured.
+RUN_SPECIFIC = frozenset({"samples_file", "weights_sha256"})
+
+
+def _how_measured(protocol: dict) -> dict:
+    return {k: v for k, v in protocol.items() if k not in RUN_SPECIFIC}
+
+
 def _protocol_text(protocol: dict) -> str:
     """One readable line: flat fields as ``key=value``; a task list (downstream) as its source, the
     number of tasks and questions per task, not the whole nested record."""
@@ -204,6 +212,7 @@ def assign_protocols(table: list[dict]) -> list[str]:
             row["protocol_id"] = None
             continue
         protocol = row.get("protocol") or {}
+        protocol = _how_measured(protocol)
         key = _protocol_key(protocol) if protocol else ""
         if key not in seen:
             seen[key] = f"P{len(seen) + 1}"

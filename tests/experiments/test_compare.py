@@ -252,8 +252,9 @@ def test_runs_under_different_test_protocols_are_not_ranked_silently(tmp_path: P
     rows = cells_table(markdown)
     assert rows[2][5] == "141.0 ± 2.5 (n = 3)" and rows[3][5] == "mixed protocols"
     assert "| protocol |" in markdown.split("every run")[1] and "| P2 |" in markdown
-    for _, record in runs:  # one protocol for all: a single line names it, no column
-        record["test_protocol"] = fid
+    for i, (_, record) in enumerate(runs):  # one protocol for all: a single line names it, no column
+        # what names the run (its weights, its samples file) is provenance, not a different protocol
+        record["test_protocol"] = fid | {"weights_sha256": f"{i:016x}", "samples_file": f"run{i}/samples.npz"}
     shutil.rmtree(tmp_path)
     write_sweep(tmp_path, runs)
     markdown = Tables(tmp_path).markdown

@@ -97,7 +97,7 @@ def test_two_gloo_processes_give_the_one_process_samples(tmp_path: Path):
     # Same seeds, same network, one thread each: identical up to float rounding at a quantization edge.
     assert np.abs(images_1.astype(int) - images_2.astype(int)).max() <= 1
     # Chunk c came from rank c mod 2, every sample index once, every seed once.
-    indices = [np.load(f)["indices"].tolist() for f in chunk_files(two, PLAN)]
+    indices = [np.load(f, allow_pickle=False)["indices"].tolist() for f in chunk_files(two, PLAN)]
     assert sum(indices, []) == list(range(10))
     assert sorted(s for batch in calls for s in batch) == sorted(set(s for batch in calls for s in batch))
     assert not (images_1[:3] == images_1[3:6]).all()  # different seeds, different samples

@@ -45,9 +45,18 @@ def spec_file(tmp_path: Path, name: str, **keys) -> Path:
 
 
 def table_without_wall_time(sweep_dir: Path) -> list[list[str]]:
-    rows = [line.split("|") for line in (sweep_dir / "comparison.md").read_text().splitlines() if line.startswith("|")]
-    wall = rows[0].index(" wall_s ")
-    return [row[:wall] + row[wall + 1 :] for row in rows]
+    """Every table of comparison.md, with the wall-time column of the tables that have one dropped."""
+    rows, wall = [], None
+    for line in (sweep_dir / "comparison.md").read_text().splitlines():
+        if not line.startswith("|"):
+            wall = None  # a new table starts after any other line
+            continue
+        cells = line.split("|")
+        if wall is None and " wall_s " in cells:
+            wall = cells.index(" wall_s ")
+        rows.append([c for i, c in enumerate(cells) if i != wall])
+    assert rows, sweep_dir
+    return rows
 
 
 def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
