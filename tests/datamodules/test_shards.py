@@ -162,7 +162,8 @@ def test_prepare_cli_reports_a_bad_input_in_one_line(tmp_path: Path, capsys) -> 
     with pytest.raises(SystemExit) as exc:
         prepare_main(["--input", str(tmp_path / "x"), "--out", str(tmp_path / "out")])
     assert exc.value.code == 2
-    assert capsys.readouterr().err.startswith(f"error: input {str(tmp_path / 'x')!r} does not exist; valid: 'embedded', .txt")
+    expected = f"error: input {str(tmp_path / 'x')!r} does not exist; valid: 'embedded', .txt"
+    assert capsys.readouterr().err.startswith(expected)
     assert not (tmp_path / "out").exists()
 
 
