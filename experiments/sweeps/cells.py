@@ -218,7 +218,9 @@ def assign_protocols(table: list[dict]) -> list[str]:
             seen[key] = f"P{len(seen) + 1}"
             texts[seen[key]] = _protocol_text(protocol) if protocol else "not recorded"
         row["protocol_id"] = seen[key]
-    if not seen:
+    if not seen or set(seen) == {""}:  # nothing tested, or no tested run records a protocol: nothing to say
+        for row in table:
+            row["protocol_id"] = None
         return []
     if len(seen) == 1:
         for row in table:
