@@ -300,12 +300,12 @@ def test_a_stopping_sweep_starts_no_process(tmp_path: Path):
 
 
 def test_the_demo_budget_fits_five_minutes(monkeypatch):
-    """make demo: pre, post and siamese at once, 200 steps each (about 5 minutes on 2 cores, measured in
+    """make demo: pre, post and siamese at once, 120 steps each (about 5 minutes on 2 cores, measured in
     README); the 3-seed check runs the very same runs, and the old 400-step comparison keeps its spec."""
     monkeypatch.chdir(ROOT)
     demo = sweep.SweepSpec.load("configs/sweeps/demo.yaml")
     assert demo.schemes == ["pre", "post", "siamese"] and demo.parallel == len(sweep.grid(demo)) == 3
-    assert "--trainer.max_steps=200" in demo.args and demo.test
+    assert "--trainer.max_steps=120" in demo.args and demo.test
     seeds = sweep.SweepSpec.load("configs/sweeps/demo-seeds.yaml")
     assert len(seeds.seeds) == 3 and (seeds.schemes, seeds.lrs, seeds.args) == (demo.schemes, demo.lrs, demo.args)
     assert set(demo.seeds) <= set(seeds.seeds)
