@@ -95,6 +95,13 @@ class SuiteCLI(LightningCLI):
         parser.add_argument(
             "--overwrite", action=ActionYesNo, default=False, help="replace a run (fit) or outputs that exist"
         )
+        parser.add_argument(
+            "--hparams_columns",
+            type=list[str] | None,
+            default=None,
+            help="the HPARAMS-tab columns this run shows (a sweep passes what its grid varies); default: the "
+            "task's short set (scheme, lr, warmup, seed, depth, width)",
+        )
         # Callbacks every run gets, configurable as --summary.* / --divergence.*
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(DivergenceDetector, "divergence")
@@ -220,9 +227,23 @@ class SuiteCLI(LightningCLI):
             if overwrite and path.is_dir() and self._run_dir.resolve() in path.resolve().parents:
                 clear_output_dir(path)
 
+    def _set_hparams_columns(self) -> None:
+        """Hands ``--hparams_columns`` to the task, refusing a name the task does not have as a column."""
+        config = self.config[self.subcommand]
+        shown = config.get("hparams_columns")
+        columns = getattr(self.model, "hparams_columns", None)
+        if shown is None or not callable(columns):
+            return
+        valid = list(columns())
+        unknown = [name for name in shown if name not in valid]
+        if unknown:
+            raise SuiteError(f"--hparams_columns: {unknown[0]!r} is not an HPARAMS column; valid: {', '.join(valid)}")
+        self.model.hparams_shown = list(shown)
+
     def _before_subcommand(self) -> None:
         self._check_ckpt_path()
         self._check_outputs()
+        self._set_hparams_columns()
 
     before_fit = before_validate = before_test = before_predict = _before_subcommand
 

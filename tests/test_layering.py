@@ -5,7 +5,7 @@ inside experiments/ each concern imports only the ones below it.
     datamodules/               lightning, torchvision, models -- never experiments
     experiments/reliability/   errors, checkpoints, run layout -- no other part of experiments
     experiments/monitoring/    callbacks -- reliability only
-    experiments/evaluation/    metrics -- reliability only (a task calls evaluation, never the reverse)
+    experiments/evaluation/    metrics -- monitoring, reliability (a task calls evaluation, never the reverse)
     experiments/tasks/         LightningModules -- evaluation, monitoring, reliability; never sweeps, tools, cli
     experiments/sweeps/        grids and comparison -- never the tasks (runs are processes), tools or cli
     experiments/analysis/, bench/   tools -- never each other, never sweeps
@@ -34,9 +34,7 @@ FORBIDDEN = {
     "experiments/monitoring": {
         f"experiments.{p}" for p in ("tasks", "evaluation", "sweeps", "analysis", "bench", "cli")
     },
-    "experiments/evaluation": {
-        f"experiments.{p}" for p in ("tasks", "monitoring", "sweeps", "analysis", "bench", "cli")
-    },
+    "experiments/evaluation": {f"experiments.{p}" for p in ("tasks", "sweeps", "analysis", "bench", "cli")},
     "experiments/tasks": {f"experiments.{p}" for p in ("sweeps", "analysis", "bench", "cli")},
     "experiments/sweeps": {f"experiments.{p}" for p in ("tasks", "analysis", "bench", "cli")},
     "experiments/analysis": {f"experiments.{p}" for p in ("sweeps", "bench")},

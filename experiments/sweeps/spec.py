@@ -385,6 +385,7 @@ class Run:
         for cfg in [*spec.configs, *overlays, str(NORM_OVERLAYS / f"{self.scheme}.yaml")]:
             argv += ["-c", cfg]
         argv += [f"--runs_root={spec.runs_root}", f"--experiment={spec.name}", f"--run_name={self.name(spec)}"]
+        argv.append(f"--hparams_columns=[{','.join(varied_columns(spec))}]")
         if self.lr is not None:
             argv.append(f"--model.init_args.optim.lr={self.lr}")
         if self.warmup is not None:
@@ -406,6 +407,19 @@ class Run:
             "warmup": self.warmup,
             "seed": self.seed,
         }
+
+
+def varied_columns(spec: SweepSpec) -> list[str]:
+    """The HPARAMS-tab columns of the grid's axes that take more than one value (the scheme always): what a
+    user comparing the sweep's runs in TensorBoard needs to see, and nothing that is the same in every run.
+    An overlay axis can change the shape, so it shows depth and width."""
+    axes = [
+        (spec.lrs, ["optim/lr"]),
+        (spec.warmups, ["optim/warmup_steps"]),
+        (spec.seeds, ["seed"]),
+        (spec.overlays, ["trunk/depth", "trunk/dim"]),
+    ]
+    return ["norm_scheme", *(name for values, names in axes if len(values) > 1 for name in names)]
 
 
 def grid(spec: SweepSpec) -> list[Run]:

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from experiments.monitoring.hparams import declare_hparams
 from experiments.tasks.optim import OptimConfig, build_optimizer
 from models import TrunkConfig
 
@@ -66,6 +67,15 @@ class TaskModule(L.LightningModule):
             "trunk/dim": trunk.dim,
         }
 
+    def shown_hparams_columns(self) -> dict[str, Any]:
+        """:meth:`hparams_columns`, cut to ``--hparams_columns`` when given (set as ``hparams_shown`` by the CLI;
+        a sweep names the axes its grid varies), the scheme always first."""
+        columns = self.hparams_columns()
+        shown = getattr(self, "hparams_shown", None)
+        if not shown:
+            return columns
+        return {name: value for name, value in columns.items() if name == "norm_scheme" or name in shown}
+
     def hparams_metrics(self) -> list[str]:
         """Metric columns of the HPARAMS tab: the key metric, its test counterpart, ``test/loss``, ``test_metrics``."""
         names = [self.key_metric, self.key_metric.replace("val/", "test/", 1), "test/loss", *self.test_metrics]
@@ -80,10 +90,10 @@ class TaskModule(L.LightningModule):
         return []
 
     def on_fit_start(self) -> None:
-        # The HPARAMS row: the short column set, with the metrics registered (NaN until logged) as columns.
+        # The HPARAMS row: the short column set, with the metrics declared as columns (values: their scalars).
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.log_hyperparams(self.hparams_columns(), dict.fromkeys(self.hparams_metrics(), float("nan")))
+                declare_hparams(logger, self.shown_hparams_columns(), self.hparams_metrics())
 
     def training_step(self, batch, batch_idx: int):
         return self.model_step(batch, "train")

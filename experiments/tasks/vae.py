@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.image import PeakSignalNoiseRatio
 from torchvision.utils import make_grid
 
+from experiments.monitoring.hparams import declare_hparams
 from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.optim import warmup_cosine
 from models.vae import build_vae
@@ -208,7 +209,7 @@ class AutoencoderTraining(L.LightningModule):
         # Register the key metric with the hparams plugin so runs compare in TensorBoard's HPARAMS tab.
         for logger in self.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.log_hyperparams(self.hparams, {self.key_metric: float("nan")})
+                declare_hparams(logger, dict(self.hparams), [self.key_metric])
 
     def default_output_dir(self) -> Path:
         """``output_dir``, else ``<run dir>/vae``."""

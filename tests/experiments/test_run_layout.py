@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -194,6 +195,28 @@ def test_hparams_tab_shows_the_scheme_first_and_the_metrics_as_columns(demo: Pat
     assert metrics[:3] == ["val/ppl", "test/ppl", "test/loss"]
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert start.hparams["norm_scheme"].string_value == "siamese"
+    # Declaring a metric column writes no placeholder (NaN) into its chart: every point of val/ppl was measured.
+    points = [(e.step, e.value) for e in events.Scalars("val/ppl")]
+    assert points and all(math.isfinite(v) for _, v in points), points
+
+
+def hparam_names(run: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(run), size_guidance={"tensors": 0})
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/experiment"]
+    return [h.name for h in plugin_data_pb2.HParamsPluginData.FromString(content).experiment.hparam_infos]
+
+
+def test_hparams_columns_shows_only_the_named_columns_and_refuses_unknown_ones(tmp_path: Path, corpus, capsys):
+    """What a sweep passes: the axes its grid varies; the scheme stays first, a typo is one line."""
+    runs = f"--runs_root={tmp_path / 'runs'}"
+    suite_main(lm("fit", corpus, runs, *STEPS, "--hparams_columns=[seed,optim/lr]"))
+    assert hparam_names(tmp_path / "runs" / "lm" / "tiny" / "pre") == ["norm_scheme", "optim/lr", "seed"]
+    line = error_line(lm("fit", corpus, runs, *STEPS, "--run_name=typo", "--hparams_columns=[sead]"), capsys)
+    assert "'sead' is not an HPARAMS column" in line and "valid: norm_scheme, optim/lr" in line
 
 
 class SamplingLM(LanguageModeling):

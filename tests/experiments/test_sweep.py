@@ -231,6 +231,20 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
     assert json.loads((second / "summary.json").read_text())["status"] == "finished"
 
 
+@pytest.mark.parametrize(
+    ("name", "columns"),
+    [
+        ("demo", ["norm_scheme"]),
+        ("stability", ["norm_scheme", "optim/lr", "seed"]),
+        ("depth", ["norm_scheme", "seed", "trunk/depth", "trunk/dim"]),
+    ],
+)
+def test_runs_show_in_hparams_only_what_the_grid_varies(name: str, columns: list[str], monkeypatch):
+    monkeypatch.chdir(ROOT)
+    spec = sweep.SweepSpec.load(f"configs/sweeps/{name}.yaml")
+    assert f"--hparams_columns=[{','.join(columns)}]" in sweep.grid(spec)[0].argv(spec)
+
+
 BUDGETS = {"stability": (36, 120), "warmup": (6, 300), "ablation": (21, 150), "depth": (24, 150)}  # runs, steps
 
 

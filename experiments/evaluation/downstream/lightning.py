@@ -21,7 +21,6 @@ directly, outside the sharded wrapper's forward.
 
 from __future__ import annotations
 
-from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import lightning as L
@@ -31,6 +30,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from experiments.evaluation.downstream.config import DEFAULT_TASKS, SAMPLE_SEED, DownstreamConfig
+from experiments.monitoring.hparams import declare_hparams
 
 HPARAMS_METRICS = ("test/downstream/avg", "test/downstream/avg_bpb")
 
@@ -89,40 +89,19 @@ def evaluate_at_test(pl_module: L.LightningModule, config: DownstreamConfig) -> 
         print(f"downstream ({results.rows} rows in {results.seconds:.0f} s):\n{results.to_markdown()}", flush=True)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                record_hparams_metrics(logger, dict(pl_module.hparams), [getattr(pl_module, "key_metric", "val/loss")])
+                declare_hparams(logger, _hparams_columns(pl_module), [*_hparams_metrics(pl_module), *HPARAMS_METRICS])
     return metrics
 
 
-def record_hparams_metrics(logger: TensorBoardLogger, params: dict[str, Any], extra_metrics: list[str]) -> None:
-    """Declares the run's HPARAMS-tab columns: ``extra_metrics`` plus the downstream averages.
-
-    Only the hparams summaries are written (TensorBoard reads the values from the scalars of those tags);
-    Lightning's ``log_hyperparams(metrics=...)`` would also write each metric at one step, which for a
-    validation metric would land before its own curve's last point.
-    """
-    from torch.utils.tensorboard.summary import hparams
-
-    metric_names = dict.fromkeys([*extra_metrics, *HPARAMS_METRICS])
-    summaries = hparams(_flat_params(params), {name: 0.0 for name in metric_names})
-    writer = logger.experiment._get_file_writer()  # what Lightning's log_hyperparams writes through
-    for summary in summaries:
-        writer.add_summary(summary)
-    writer.flush()
+def _hparams_columns(pl_module: L.LightningModule) -> dict[str, Any]:
+    """The task's own short HPARAMS columns (the suite's tasks name them), else all of its hparams."""
+    columns = getattr(pl_module, "shown_hparams_columns", None)
+    return columns() if callable(columns) else dict(pl_module.hparams)
 
 
-def _flat_params(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"trunk/dim": 128, ...}``: nested dicts and dataclasses flattened, other values as TensorBoard takes them."""
-    flat: dict[str, Any] = {}
-    for key, value in params.items():
-        if is_dataclass(value) and not isinstance(value, type):
-            value = asdict(value)
-        if isinstance(value, dict):
-            flat.update(_flat_params(value, f"{prefix}{key}/"))
-        elif isinstance(value, bool | int | float | str):
-            flat[f"{prefix}{key}"] = value
-        else:
-            flat[f"{prefix}{key}"] = str(value)
-    return flat
+def _hparams_metrics(pl_module: L.LightningModule) -> list[str]:
+    metrics = getattr(pl_module, "hparams_metrics", None)
+    return list(metrics()) if callable(metrics) else [getattr(pl_module, "key_metric", "val/loss")]
 
 
 class DownstreamEval(Callback):
