@@ -1,9 +1,10 @@
 """The comparison's PNGs: loss curves (mean over seeds with a 95 % CI band, and a zoom on the final part),
 the scheme x learning-rate stability map, and the final metric against the learning rate with CI bands.
 
-Colours are the schemes' (:mod:`experiments.sweeps.palette`), the same in every plot. Only runs that ran to
-the end (finished or stalled) enter a mean curve; a diverged, crashed or interrupted run is drawn on its
-own as a thin dashed line (an ``x`` where it diverged), never averaged in.
+Colours are the schemes' (:mod:`experiments.sweeps.palette`), the same in every plot. A cell's mean curve
+averages the runs its table row averages: the finished ones (a cell whose runs all stalled shows the mean of
+the stalled runs, as its row does). Any other run (stalled beside finished ones, diverged, crashed,
+interrupted) is drawn on its own as a thin dashed line (an ``x`` where it diverged), never averaged in.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def _ylim(ax, series: list[np.ndarray], pad: float = 0.12) -> None:
         ax.set_ylim(lo - margin, hi + margin)
 
 
+def averaged_runs(cell: Cell) -> list[dict]:
+    """The runs a cell's mean curve averages, those its table row averages: the finished runs, or, when none
+    finished, the stalled ones (the row's ``stalled`` mean)."""
+    finished = [r for r in cell.runs if r["status"] == "finished"]
+    return finished or [r for r in cell.runs if r["status"] == "stalled"]
+
+
 def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title: str) -> None:
     """One row per facet (the cells' coordinates besides the scheme); columns: validation loss, its zoom on
     the last half of the steps, training loss, its zoom (smoothed). Mean over seeds, band: 95 % CI."""
@@ -96,7 +104,8 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
         ranges: dict[int, list[np.ndarray]] = {i: [] for i in range(4)}
         for cell in members:
             colour = colours[cell.scheme]
-            ran = [summaries[r["run"]] for r in cell.runs if r["status"] in RAN]
+            averaged = averaged_runs(cell)
+            ran = [summaries[r["run"]] for r in averaged]
             for col, val, smooth in ((0, True, 1), (1, True, 1), (2, False, 1), (3, False, TRAIN_SMOOTHING)):
                 curve = mean_curve([_curve(s.get("val_curve" if val else "train_curve"), val) for s in ran], smooth)
                 if curve is None:
@@ -109,15 +118,15 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
                                          fontsize=7, color=colour, va="center")  # fmt: skip
                 if n > 1:
                     panels[col].fill_between(steps, low, high, color=colour, alpha=0.18, lw=0)
-                stalled = all(r["status"] == "stalled" for r in cell.runs if r["status"] in RAN)
+                stalled = averaged[0]["status"] == "stalled"
                 if col in (1, 3):
                     keep = steps >= ZOOM_FROM * last
                     if not stalled and keep.any():  # a stalled cell sits far above: it would flatten the zoom
                         ranges[col].append(mean[keep])
                 else:
                     ranges[col] += [mean, low, high]
-            for r in cell.runs:  # runs that did not run to the end: drawn alone
-                if r["status"] in RAN:
+            for r in cell.runs:  # runs not in the mean: drawn alone
+                if r in averaged:
                     continue
                 for col, val in ((0, True), (2, False)):
                     points = _curve(summaries[r["run"]].get("val_curve" if val else "train_curve"), val)
@@ -141,7 +150,14 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
     handles = [Line2D([], [], color=c, lw=2, label=name) for name, c in colours.items()]
     handles += [
         Patch(color="#888888", alpha=0.3, label=f"band: {CI_NAME} of the mean over seeds"),
-        Line2D([], [], color="#888888", ls="--", marker="x", label="unfinished run (running, crashed; x: diverged)"),
+        Line2D(
+            [],
+            [],
+            color="#888888",
+            ls="--",
+            marker="x",
+            label="run not in the mean (stalled, running, crashed; x: diverged)",
+        ),  # fmt: skip
     ]
     height = fig.get_figheight()
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)

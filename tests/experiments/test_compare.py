@@ -195,6 +195,16 @@ def test_failed_runs_are_counted_not_averaged(tmp_path: Path):
     assert deepnorm[1].startswith("stalled 3.030 ± ") and deepnorm[2] == "-" and deepnorm[-1] == "3 stalled"
 
 
+def test_a_mean_curve_averages_what_its_table_row_averages():
+    from experiments.sweeps.cells import Cell
+    from experiments.sweeps.plots import averaged_runs
+
+    runs = [{"run": f"post-s{i}", "status": status} for i, status in enumerate(["finished", "stalled", "finished"])]
+    assert [r["run"] for r in averaged_runs(Cell(("post",), runs))] == ["post-s0", "post-s2"]  # the stalled one alone
+    stalled = [{"run": f"hybrid-s{i}", "status": "stalled"} for i in range(3)]
+    assert averaged_runs(Cell(("hybrid",), [*stalled, {"run": "x", "status": "diverged"}])) == stalled
+
+
 def test_a_one_seed_cell_says_n_1_and_shows_no_interval(tmp_path: Path):
     write_sweep(tmp_path, seeded("pre", PRE[:1]) + seeded("siamese", SIAMESE[:1]))
     out = Tables(tmp_path)
