@@ -118,7 +118,7 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
                                          fontsize=7, color=colour, va="center")  # fmt: skip
                 if n > 1:
                     panels[col].fill_between(steps, low, high, color=colour, alpha=0.18, lw=0)
-                stalled = averaged[0]["status"] == "stalled"
+                stalled = all(r["status"] == "stalled" for r in averaged)
                 if col in (1, 3):
                     keep = steps >= ZOOM_FROM * last
                     if not stalled and keep.any():  # a stalled cell sits far above: it would flatten the zoom
@@ -150,14 +150,7 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
     handles = [Line2D([], [], color=c, lw=2, label=name) for name, c in colours.items()]
     handles += [
         Patch(color="#888888", alpha=0.3, label=f"band: {CI_NAME} of the mean over seeds"),
-        Line2D(
-            [],
-            [],
-            color="#888888",
-            ls="--",
-            marker="x",
-            label="run not in the mean (stalled, running, crashed; x: diverged)",
-        ),  # fmt: skip
+        Line2D([], [], color="#888888", ls="--", marker="x", label="run not in the mean (x: diverged)"),
     ]
     height = fig.get_figheight()
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)

@@ -28,9 +28,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from experiments.evaluation.downstream.config import DEFAULT_TASKS, SAMPLE_SEED, DownstreamConfig
 from experiments.monitoring.hparams import declare_hparams
+from experiments.reliability.checkpointing import stop_requested
 
 HPARAMS_METRICS = ("test/downstream/avg", "test/downstream/avg_bpb")
 
@@ -66,7 +68,12 @@ def _score(evaluator, pl_module: L.LightningModule, progress: bool):
             device=pl_module.device,
             forward_context=trainer.precision_plugin.forward_context,
             progress=progress and trainer.is_global_zero,
+            should_stop=lambda: stop_requested(trainer),
         )
+    except InterruptedError as err:  # SIGTERM / Ctrl-C between batches: stop as Lightning does, say what is lost
+        stop = SIGTERMException()
+        stop.add_note(f"{err}; downstream scores are not saved part-way: rerun the command to score again")
+        raise stop from None
     finally:
         pl_module.train(was_training)
 

@@ -94,6 +94,7 @@ class DownstreamEvaluator:
         device: torch.device | str | None = None,
         forward_context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         progress: bool = False,
+        should_stop: Callable[[], bool] | None = None,
     ) -> DownstreamResults:
         """Scores every task; under torch.distributed every rank must call this (the metrics sync).
 
@@ -103,6 +104,7 @@ class DownstreamEvaluator:
             device: where the batches go; default: the model's parameters' device.
             forward_context: entered around each forward (the run's autocast / precision context).
             progress: show a progress bar with the row rate.
+            should_stop: checked before every batch (SIGTERM, Ctrl-C); True raises ``InterruptedError``.
         """
         if device is None:
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -116,6 +118,9 @@ class DownstreamEvaluator:
             )
             scored = 0
             for batch in self.batches(task, rank, world_size):
+                if should_stop is not None and should_stop():
+                    bar.close()
+                    raise InterruptedError(f"downstream scoring stopped in {task.name} after {scored} rows")
                 batch = {k: v.to(device) for k, v in batch.items()}
                 with forward_context():
                     logits = model(batch["input_ids"])  # (B, N, V)

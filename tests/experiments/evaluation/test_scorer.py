@@ -175,3 +175,14 @@ def test_forwards_run_in_the_runs_precision_context(byte_tokenizer):
     half = evaluator.evaluate(net, forward_context=MixedPrecision("bf16-mixed", "cpu").forward_context).tasks[0]
     assert seen[0] == torch.float32 and seen[-1] == torch.bfloat16
     assert half.scores["bpb"] == pytest.approx(full.scores["bpb"], rel=2e-2)  # same model, bf16 rounding only
+
+
+def test_a_stop_request_ends_scoring_between_batches(byte_tokenizer):
+    """SIGTERM / Ctrl-C (the trainer's flag) is read before every batch: scoring stops within one batch."""
+    net = tiny_net(256)
+    forwards = []
+    net.register_forward_hook(lambda module, args, out: forwards.append(1))
+    evaluator = DownstreamEvaluator(DownstreamConfig(["copa"], limit=8, batch_size=2), byte_tokenizer, WINDOW)
+    with pytest.raises(InterruptedError, match="stopped in copa after 2 rows"):
+        evaluator.evaluate(net, should_stop=lambda: len(forwards) >= 1)
+    assert len(forwards) == 1
