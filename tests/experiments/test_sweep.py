@@ -314,7 +314,7 @@ def test_a_stopping_sweep_starts_no_process(tmp_path: Path):
 
 
 def test_the_demo_budget_fits_five_minutes(monkeypatch):
-    """make demo: pre, post and siamese at once, 120 steps each (about 5 minutes on 2 cores, measured in
+    """make demo: pre, post and siamese at once, 120 steps each (under 4 minutes on 2 idle cores, measured in
     README); the 3-seed check runs the very same runs, and the old 400-step comparison keeps its spec."""
     monkeypatch.chdir(ROOT)
     demo = sweep.SweepSpec.load("configs/sweeps/demo.yaml")
