@@ -148,9 +148,10 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
                 ax.set_xlim(ZOOM_FROM * last, last * 1.02)
             _ylim(ax, ranges[col], pad=0.15 if col in (1, 3) else 0.05)
     handles = [Line2D([], [], color=c, lw=2, label=name) for name, c in colours.items()]
+    alone = "run not in the mean (stalled, crashed; x: diverged)"
     handles += [
         Patch(color="#888888", alpha=0.3, label=f"band: {CI_NAME} of the mean over seeds"),
-        Line2D([], [], color="#888888", ls="--", marker="x", label="run not in the mean (x: diverged)"),
+        Line2D([], [], color="#888888", ls="--", marker="x", label=alone),
     ]
     height = fig.get_figheight()
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
