@@ -51,5 +51,5 @@ clean:
 dit: setup
 	@test -f runs/vae/tiny/vae/config.json && echo "VAE exists: runs/vae/tiny/vae" || \
 	  HF_HUB_OFFLINE=1 $(BIN)/python -m experiments fit -c configs/vae/tiny.yaml --ckpt_path last
-	HF_HUB_OFFLINE=1 $(BIN)/python -m datamodules.encode_latents --vae runs/vae/tiny/vae --out data/latents/fashion-mnist-tiny
+	HF_HUB_OFFLINE=1 $(BIN)/python -m datamodules.latents.encode --vae runs/vae/tiny/vae --out data/latents/fashion-mnist-tiny
 	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments sweep configs/sweeps/dit-tiny.yaml

@@ -9,7 +9,7 @@ sees a fresh order. A checkpoint stores ``{"seed", "epoch", "offset"}`` (see
 after the batches that remained.
 
     RandomPermutationSampler   each epoch a permutation of the dataset (images, latents)
-    RandomWindowSampler        (datamodules.windows) starts drawn with replacement (token windows)
+    RandomWindowSampler        (datamodules.text.windows) starts drawn with replacement (token windows)
 """
 
 from __future__ import annotations

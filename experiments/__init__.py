@@ -5,7 +5,8 @@ tasks/               one LightningModule per task (LM, ViT, DiT, VAE), its optim
 reliability/         what makes a run trustworthy: errors, checkpoints, run-directory layout
 monitoring/          what a run records while it trains: summary.json, divergence, diagnostics
 evaluation/          metrics beyond the training loss: FID and its reference statistics
-sweeps/              grids of runs and their comparison: tables, plots, TensorBoard layout
+sweeps/              running grids of runs: locally or as SLURM jobs, resumable, with live progress
+results/             reading runs: comparisons, seed statistics, tables, plots, TensorBoard layout, exports
 analysis/            post-hoc analyses of a checkpoint: layer pruning, per-stream logit lens
 bench/               step time and activation memory of the schemes, side by side
 """

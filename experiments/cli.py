@@ -22,23 +22,20 @@ anything is built (:mod:`experiments.reliability.config_files`).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import os
-import shutil
 import sys
 import warnings
 from pathlib import Path
 
 import lightning as L
 from jsonargparse import ActionYesNo, ArgumentError
-from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from experiments.monitoring.divergence import DivergenceDetector
+from experiments.monitoring.progress_bar import has_progress_bar, progress_bar
 from experiments.monitoring.summary import RunSummary
 from experiments.reliability.checkpointing import (
     LIGHTNING_KEYWORDS,
@@ -57,6 +54,8 @@ from experiments.reliability.layout import (
     NAME_RULE,
     check_name,
     claim_run_dir,
+    clear_output_dir,
+    ensure_writable,
     mark,
     refuse_existing,
     run_dir_for,
@@ -191,8 +190,8 @@ class SuiteCLI(LightningCLI):
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": filename}
         if trainer_config.get("plugins") is None and "plugins" not in kwargs:
             kwargs["plugins"] = [AtomicCheckpointIO()]
-        if trainer_config.get("enable_progress_bar") is not False and not _has_progress_bar(trainer_config):
-            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], _progress_bar()]
+        if trainer_config.get("enable_progress_bar") is not False and not has_progress_bar(trainer_config):
+            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], progress_bar()]
         return super().instantiate_trainer(**kwargs)
 
     def _parse_ckpt_path(self) -> None:
@@ -280,32 +279,6 @@ class SuiteCLI(LightningCLI):
             print(f"{what} saved to {run} (tensorboard --logdir {run.parent})", flush=True)
 
 
-def clear_output_dir(output_dir: Path) -> None:
-    """Clears an output directory inside the run (``--overwrite``): renamed away first, then deleted."""
-    trash = output_dir.with_name(f".{output_dir.name}.replaced-{os.getpid()}")
-    os.replace(output_dir, trash)
-    shutil.rmtree(trash)
-
-
-def ensure_writable(run_dir: Path) -> None:
-    """Creates ``run_dir`` and writes a probe into it; a one-line :class:`OutputDirError` if that fails."""
-    for parent in [run_dir, *run_dir.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise OutputDirError(f"cannot create run directory {run_dir}: {parent} is a file, not a directory")
-            break
-    probe = run_dir / f".write-probe-{os.getpid()}"
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as f:
-            f.write(b"\0" * (1 << 20))  # 1 MiB: a full disk fails here, not at the first checkpoint
-    except OSError as err:
-        raise OutputDirError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink(missing_ok=True)
-
-
 def _evaluated_run(subcommand: str, ckpt: object) -> Path | None:
     """The run directory of the checkpoint validate / test / predict evaluate, if it is a suite run's."""
     if subcommand == "fit" or ckpt is None or str(ckpt) == "last" or str(ckpt) in LIGHTNING_KEYWORDS:
@@ -321,34 +294,6 @@ def _disk_full(err: BaseException | None) -> bool:
             return True
         err = err.__cause__ or err.__context__
     return False
-
-
-class _NoVersionBar:
-    """Lightning's progress bar without ``v_num`` (the run name, already in the run directory's path)."""
-
-    def get_metrics(self, trainer, pl_module):
-        items = super().get_metrics(trainer, pl_module)
-        items.pop("v_num", None)
-        return items
-
-
-class SuiteRichProgressBar(_NoVersionBar, RichProgressBar):
-    """Lightning's rich progress bar without ``v_num``."""
-
-
-class SuiteTQDMProgressBar(_NoVersionBar, TQDMProgressBar):
-    """Lightning's tqdm progress bar without ``v_num``."""
-
-
-def _progress_bar() -> ProgressBar:
-    from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
-
-    return SuiteRichProgressBar() if _RICH_AVAILABLE else SuiteTQDMProgressBar()
-
-
-def _has_progress_bar(trainer_config) -> bool:
-    callbacks = trainer_config.get("callbacks") or []
-    return any(isinstance(c, ProgressBar) for c in (callbacks if isinstance(callbacks, list) else [callbacks]))
 
 
 def _option_names(cli: LightningCLI, parser, argv: list[str]) -> list[str]:

@@ -1,6 +1,6 @@
 """The latent autoencoder as a network: build a fresh diffusers ``AutoencoderKL``, or load a saved one.
 
-Plain PyTorch + diffusers (no Lightning), so the latent cache (:mod:`datamodules.encode_latents`), the
+Plain PyTorch + diffusers (no Lightning), so the latent cache (:mod:`datamodules.latents.encode`), the
 DiT task (decoding samples) and the VAE task (:mod:`experiments.tasks.vae`, which trains one) share it.
 """
 

@@ -111,7 +111,7 @@ def data_row(w: Workload, size: str, train: Row, batches: int, data_dir: str) ->
 
 def data_batches_per_s(w: Workload, batches: int, data_dir: str) -> float:
     """Batches/s of the text DataModule's training loader (embedded corpus) at the LM workload's shape."""
-    from datamodules.text import TextDataModule
+    from datamodules.text.datamodule import TextDataModule
 
     dm = TextDataModule(source="embedded", data_dir=data_dir, seq_len=w.net["max_seq_len"], batch_size=w.batch_size)
     dm.prepare_data()

@@ -7,21 +7,14 @@ wrapper) start in a fraction of a second instead of importing the training stack
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+from fileio import atomic_write_json
 
 SUMMARY_FILE = "summary.json"
 PROGRESS_FILE = "progress.json"
 RUN_MARKER = ".suite-run.json"
-
-
-def atomic_write_json(path: Path, payload: dict, indent: int | None = 2) -> None:
-    """Writes JSON through a temp file and ``os.replace`` so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share a temp file
-    tmp.write_text(json.dumps(payload, indent=indent, default=float))
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict:

@@ -25,10 +25,10 @@ from experiments.monitoring.records import (  # noqa: F401 - re-exported: where 
     PROGRESS_FILE,
     RUN_MARKER,
     SUMMARY_FILE,
-    atomic_write_json,
     mark_run_dir,
 )
 from experiments.reliability.layout import trainer_run_dir
+from fileio import atomic_write_json
 
 
 class RunSummary(Callback):

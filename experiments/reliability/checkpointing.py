@@ -1,6 +1,6 @@
 """Checkpoints a run can trust: atomic writes, corrupt-file detection, exact resume, a save on SIGTERM/SIGINT.
 
-    save:    torch.save -> <dir>/.<name>.<pid>.tmp -> fsync -> os.replace(<dir>/<name>)   (never half a file)
+    save:    torch.save through fileio.atomic_file: temp file beside it, fsync, rename (never half a file)
     resume:  --ckpt_path last | PATH
                last: the newest readable *.ckpt of the run (unreadable ones skipped; says which file it took;
                      validate / test / predict with nothing to take is an error)
@@ -20,8 +20,6 @@ It does not restore the global RNG, and it replays a plain DataLoader's epoch fr
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import signal
 import threading
@@ -43,6 +41,7 @@ from torch.utils.data import DataLoader
 from experiments.reliability.errors import CheckpointError
 from experiments.reliability.layout import trainer_run_dir
 from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
+from fileio import atomic_file
 
 INTERRUPTED_NAME = "interrupted.ckpt"
 LIGHTNING_KEYWORDS = ("best", "hpc")  # ckpt_path values Lightning resolves itself
@@ -65,18 +64,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote: fsspec's transaction
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # no .ckpt suffix: never taken for a checkpoint
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            with atomic_file(path) as f:
                 torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
         except BaseException as err:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             if isinstance(err, OSError):  # disk full, read-only, a file in the way: one line, old file intact
                 raise CheckpointError(
                     f"could not write checkpoint {path}: {err.strerror or err}; the previous checkpoint is untouched"
@@ -88,20 +79,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path):  # remote: fsspec, still without unpickling code
             return super().load_checkpoint(path, map_location=map_location, weights_only=True)
         return load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Makes a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def newest_readable(directory: Path, exclude: Path | None = None) -> Path | None:

@@ -13,6 +13,7 @@ checkpoints unasked (:func:`claim_run_dir`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -132,3 +133,29 @@ def refuse_existing(paths: list[Path], overwrite: bool, what: str) -> None:
     if existing and not overwrite:
         names = ", ".join(str(p) for p in existing)
         raise OutputDirError(f"{what} would overwrite {names}; valid: --overwrite to replace, or another output")
+
+
+def clear_output_dir(output_dir: Path) -> None:
+    """Clears an output directory inside the run (``--overwrite``): renamed away first, then deleted."""
+    trash = output_dir.with_name(f".{output_dir.name}.replaced-{os.getpid()}")
+    os.replace(output_dir, trash)
+    shutil.rmtree(trash)
+
+
+def ensure_writable(run_dir: Path) -> None:
+    """Creates ``run_dir`` and writes a probe into it; a one-line :class:`OutputDirError` if that fails."""
+    for parent in [run_dir, *run_dir.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputDirError(f"cannot create run directory {run_dir}: {parent} is a file, not a directory")
+            break
+    probe = run_dir / f".write-probe-{os.getpid()}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * (1 << 20))  # 1 MiB: a full disk fails here, not at the first checkpoint
+    except OSError as err:
+        raise OutputDirError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)

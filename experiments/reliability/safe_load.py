@@ -12,7 +12,7 @@ LightningCLI), RNG states as tensors and tuples (:func:`experiments.reliability.
 ``tests/experiments/test_untrusted_files.py`` checks both: a checkpoint of every task loads, and every
 loader refuses a pickle that would create a file.
 
-Other user-given files are safe by format: tokenizer directories hold JSON (``datamodules.tokenizers``),
+Other user-given files are safe by format: tokenizer directories hold JSON (``datamodules.text.tokenizers``),
 VAE directories safetensors or a ``.bin`` that diffusers reads with ``weights_only=True`` (``models.vae``),
 configs are read with ``yaml.safe_load`` / jsonargparse.
 """

@@ -1,4 +1,4 @@
-"""Grids of runs and their comparison.
+"""Running grids of runs: locally, as processes two at a time, or as SLURM jobs.
 
     spec.py       the sweep file: keys, validation, the grid of runs
     sweep.py      ``python -m experiments sweep``: run / submit, --status, --collect, --dry-run
@@ -6,10 +6,7 @@
     jobs.py       what a cluster job runs (exact requeue)         status.py   where every run stands
     progress.py   a line per running run and the grid's ETA      estimate.py, plan.py  compute before running
     ownership.py  which directories a sweep may create or delete
-    compare.py    ``python -m experiments compare``: runs -> cells (cells.py) -> seed statistics and paired
-                  tests (stats.py) -> tables (tables.py) and plots (plots.py, profiles.py; palette.py colours)
-    tb_layout.py  the TensorBoard custom-scalars layout of a sweep
-    export.py     a comparison copied into the repository; readme.py regenerates README's result blocks
 
-Belongs here: anything that looks at several runs at once. Never imported by the tasks.
+Belongs here: starting, watching and resuming runs. When a grid finishes, :mod:`experiments.results` reads it.
+Never imported by the tasks (runs are processes).
 """

@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.monitoring.records import SUMMARY_FILE, atomic_write_json
+from experiments.monitoring.records import SUMMARY_FILE
 from experiments.sweeps.estimate import run_extra_args
 from experiments.sweeps.jobs import DONE, FitJob
 from experiments.sweeps.ownership import prepare_run_dir, read_json, remove_run_dir
 from experiments.sweeps.spec import Run, SweepSpec
+from fileio import atomic_write_json
 
 JOBS_FILE = "jobs.json"
 SUBMITIT_DIR = "submitit"

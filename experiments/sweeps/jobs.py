@@ -29,8 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.monitoring.records import SUMMARY_FILE, atomic_write_json
+from experiments.monitoring.records import SUMMARY_FILE
 from experiments.sweeps.ownership import read_json
+from fileio import atomic_write_json
 
 JOB_FILE = "job.json"  # in the run directory: job id, attempts, requeues, host and pid of the job process
 DONE = ("finished", "diverged")

@@ -22,11 +22,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from experiments.monitoring.records import SUMMARY_FILE, atomic_write_json
+from experiments.monitoring.records import SUMMARY_FILE
 from experiments.sweeps.estimate import run_extra_args
 from experiments.sweeps.ownership import prepare_run_dir, read_json, remove_run_dir
 from experiments.sweeps.progress import GridProgress, Reporter
 from experiments.sweeps.spec import Run, SweepSpec
+from fileio import atomic_write_json
 
 _STDOUT = threading.Lock()
 

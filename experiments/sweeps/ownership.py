@@ -16,8 +16,9 @@ import shutil
 import time
 from pathlib import Path
 
-from experiments.monitoring.records import RUN_MARKER, SUMMARY_FILE, atomic_write_json, mark_run_dir, read_json
+from experiments.monitoring.records import RUN_MARKER, SUMMARY_FILE, mark_run_dir, read_json
 from experiments.reliability.errors import SuiteError
+from fileio import atomic_write_json
 
 SWEEP_MARKER = ".suite-sweep.json"
 

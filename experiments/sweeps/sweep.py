@@ -10,7 +10,7 @@ Started again, a sweep skips finished (or diverged) runs and resumes unfinished 
 checkpoint (``--restart``: from scratch). Where the runs go is the spec's ``launcher``: local processes
 (:mod:`experiments.sweeps.launchers`) or submitit jobs (:mod:`experiments.sweeps.cluster`); while runs train
 a progress line per run and the grid's ETA are printed every ``progress_every_s`` seconds. The comparison
-(markdown + CSV table, PNG plots, TensorBoard layout) comes from :mod:`experiments.sweeps.compare`.
+(markdown + CSV table, PNG plots, TensorBoard layout) comes from :mod:`experiments.results.compare`.
 
 Exit status: 0; 1 when a run crashed; 2 for a bad sweep file or option (one line); 130 / 143 after Ctrl-C /
 SIGTERM (the runs save ``interrupted.ckpt`` first; the same command resumes).
@@ -28,8 +28,9 @@ from pathlib import Path
 import yaml
 
 from experiments.reliability.errors import SuiteError
+from experiments.results.compare import write_comparison
+from experiments.results.runs import SWEEP_RECORD
 from experiments.sweeps.cluster import Submission
-from experiments.sweeps.compare import SWEEP_RECORD, write_comparison
 from experiments.sweeps.launchers import (  # noqa: F401 - the names the sweep has always offered
     DONE,
     SIGNAL_EXIT,
@@ -55,6 +56,7 @@ from experiments.sweeps.spec import (  # noqa: F401
     task_of,
 )
 from experiments.sweeps.status import run_states, status_table, watch
+from fileio import atomic_write_text
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -106,9 +108,7 @@ def write_record(spec: SweepSpec, runs: list[Run], sweep_dir: Path, sweep_file: 
         "grid": [r.record(spec) for r in runs],
         "sweep_file": sweep_file,
     }
-    tmp = sweep_dir / f".{SWEEP_RECORD}.tmp"
-    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
-    tmp.replace(sweep_dir / SWEEP_RECORD)
+    atomic_write_text(sweep_dir / SWEEP_RECORD, yaml.safe_dump(record, sort_keys=False))
 
 
 def compare(spec: SweepSpec, runs: list[Run], sweep_dir: Path, only_done: bool = False) -> None:

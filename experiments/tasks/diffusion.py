@@ -105,3 +105,29 @@ def vlb_term(scheduler: DDPMScheduler, x0: Tensor, xt: Tensor, t: Tensor, eps: T
     nll = 0.5 * (model_logvar + (x0 - model_mean) ** 2 / model_logvar.exp() + math.log(2 * math.pi))
     nll = nll.mean(dim=(1, 2, 3)) / math.log(2.0)
     return torch.where(t == 0, nll, kl)
+
+
+def check_sampling_settings(
+    sampler: str,
+    steps: int,
+    guidance: float,
+    cfg_channels: int | None,
+    latent_channels: int,
+    ema_decay: float,
+    class_dropout_prob: float,
+) -> None:
+    """Range checks of the sampling hyperparameters, each naming its field."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"model.init_args.sampler={sampler!r}; valid: {', '.join(SAMPLERS)}")
+    checks = [
+        ("sample_steps", steps, steps >= 1, ">= 1"),
+        ("guidance_scale", guidance, guidance >= 0, ">= 0 (1.0: no guidance)"),
+        ("ema_decay", ema_decay, 0 <= ema_decay < 1, "in [0, 1)"),
+        ("class_dropout_prob", class_dropout_prob, 0 <= class_dropout_prob < 1, "in [0, 1)"),
+    ]
+    if cfg_channels is not None:
+        ok = 1 <= cfg_channels <= latent_channels
+        checks.append(("cfg_channels", cfg_channels, ok, f"null (all) or 1..{latent_channels}"))
+    for name, value, ok, valid in checks:
+        if not ok:
+            raise ValueError(f"model.init_args.{name}={value}; valid: {valid}")

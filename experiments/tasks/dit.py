@@ -8,21 +8,18 @@ chunks, saved in ADM's layout), scored against ``fid_reference`` with FID, KID, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from timm.utils import ModelEmaV3
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.base import TaskModule
-from experiments.tasks.diffusion import SAMPLERS, make_scheduler, sample_latents, vlb_term
+from experiments.tasks.diffusion import check_sampling_settings, make_scheduler, sample_latents, vlb_term
+from experiments.tasks.dit_evaluation import HELD_OUT, GenerationEvaluation
+from experiments.tasks.dit_prediction import Predictions
 from experiments.tasks.optim import OptimConfig
 from models import DiT, TrunkConfig
-
-HELD_OUT = "held-out"  # fid_reference: real images of the data the latent cache was encoded from
 
 
 class LatentDiffusion(TaskModule):
@@ -200,8 +197,6 @@ class LatentDiffusion(TaskModule):
     # ----------------------------------------------------------------------------- generation metrics at test time
     def on_test_start(self) -> None:
         """Opens the reference now, so a bad path fails before any sampling."""
-        from experiments.tasks.dit_evaluation import GenerationEvaluation
-
         self._evaluation = GenerationEvaluation(self) if self.hparams.fid_samples else None
 
     def on_test_epoch_end(self) -> None:
@@ -210,90 +205,12 @@ class LatentDiffusion(TaskModule):
             evaluation.run()
 
     # ----------------------------------------------------------------------------- predict
-    def predictions_dir(self) -> Path:
-        """``<output_dir or run dir>/predictions/<settings>``: one directory per sampling settings and weights."""
-        from experiments.tasks.dit_evaluation import sampling_settings
-        from experiments.tasks.sampling import prepare_directory, settings_dirname
-
-        if self.__dict__.get("_predictions_dir") is None:
-            settings = sampling_settings(self)
-            root = Path(self.hparams.output_dir or trainer_run_dir(self.trainer))
-            directory = root / "predictions" / settings_dirname(settings, self.hparams.sample_seed)
-            if self.trainer.is_global_zero:
-                prepare_directory(directory, {"seed": self.hparams.sample_seed, **settings})
-            self.trainer.strategy.barrier()
-            self.__dict__["_predictions_dir"] = directory
-        return self.__dict__["_predictions_dir"]
+    def on_predict_start(self) -> None:
+        self._predictions = Predictions(self)
 
     def predict_step(self, batch, batch_idx: int) -> Tensor | None:
-        """Samples for a batch of (latent, label, row): PNGs and a part file per batch, skipped if already there.
-
-        Sample ``row`` is seeded with ``sample_seed * 2**32 + row``: distinct over ranks and batches and the
-        same on a rerun, which skips the batches whose part file exists. ``on_predict_epoch_end`` joins
-        the parts into ``samples.npz`` (ADM layout: arr_0 uint8 NHWC, arr_1 labels).
-        """
-        from PIL import Image
-
-        from experiments.tasks.sampling import SEED_STRIDE, chunk_path, write_chunk
-
-        _, labels, rows = batch
-        directory = self.predictions_dir()
-        part = int(rows[0])
-        path = chunk_path(directory, part)
-        self.__dict__.setdefault("_predicted_parts", []).append(part)
-        if path.is_file():
-            return None
-        seeds = [self.hparams.sample_seed * SEED_STRIDE + int(r) for r in rows]
-        try:
-            images = self.generate(labels.to(self.device), seeds, should_stop=lambda: self.trainer.received_sigterm)
-        except InterruptedError:
-            from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-            stop = SIGTERMException()
-            stop.add_note(f"predict interrupted by SIGTERM; finished batches are in {directory}: rerun to resume")
-            raise stop from None
-        nhwc = images.permute(0, 2, 3, 1).cpu().numpy()
-        for img, label, row in zip(nhwc, labels.tolist(), rows.tolist(), strict=True):
-            Image.fromarray(img).save(directory / f"{row:07d}_class{label}.png")
-        write_chunk(directory, part, images, labels, rows.tolist())
-        return images
+        """Samples for a batch of (latent, label, row); see :class:`experiments.tasks.dit_prediction.Predictions`."""
+        return self._predictions.step(batch)
 
     def on_predict_epoch_end(self) -> None:
-        """Rank 0 joins the parts of this run (all ranks', repeats dropped) into ``samples.npz``, by first row."""
-        from experiments.tasks.sampling import chunk_path, write_adm_npz
-
-        parts = self.__dict__.pop("_predicted_parts", [])
-        if self.trainer.world_size > 1:
-            gathered: list = [None] * self.trainer.world_size
-            torch.distributed.all_gather_object(gathered, parts)
-            parts = [p for rank_parts in gathered for p in rank_parts]
-        if self.trainer.is_global_zero and parts:
-            directory = self.predictions_dir()
-            path = write_adm_npz([chunk_path(directory, p) for p in sorted(set(parts))], directory / "samples.npz")
-            print(f"predict: {path} (ADM layout) and one PNG per sample in {directory}")
-
-
-def check_sampling_settings(
-    sampler: str,
-    steps: int,
-    guidance: float,
-    cfg_channels: int | None,
-    latent_channels: int,
-    ema_decay: float,
-    class_dropout_prob: float,
-) -> None:
-    """Range checks of the sampling hyperparameters, each naming its field."""
-    if sampler not in SAMPLERS:
-        raise ValueError(f"model.init_args.sampler={sampler!r}; valid: {', '.join(SAMPLERS)}")
-    checks = [
-        ("sample_steps", steps, steps >= 1, ">= 1"),
-        ("guidance_scale", guidance, guidance >= 0, ">= 0 (1.0: no guidance)"),
-        ("ema_decay", ema_decay, 0 <= ema_decay < 1, "in [0, 1)"),
-        ("class_dropout_prob", class_dropout_prob, 0 <= class_dropout_prob < 1, "in [0, 1)"),
-    ]
-    if cfg_channels is not None:
-        ok = 1 <= cfg_channels <= latent_channels
-        checks.append(("cfg_channels", cfg_channels, ok, f"null (all) or 1..{latent_channels}"))
-    for name, value, ok, valid in checks:
-        if not ok:
-            raise ValueError(f"model.init_args.{name}={value}; valid: {valid}")
+        self._predictions.finish()

@@ -32,20 +32,19 @@ from experiments.tasks.sampling import (
     image_batches,
     plan_description,
     prepare_directory,
+    sampling_settings,
     settings_dirname,
-    weights_fingerprint,
     write_adm_npz,
 )
 
 GRID_SAMPLES = 64
+HELD_OUT = "held-out"  # fid_reference: real images of the data the latent cache was encoded from
 
 
 class GenerationEvaluation:
     """One ``test`` run's generation metrics for a :class:`experiments.tasks.dit.LatentDiffusion` module."""
 
     def __init__(self, module) -> None:
-        from experiments.tasks.dit import HELD_OUT
-
         self.module, hp = module, module.hparams
         self.trainer = module.trainer
         if hp.fid_reference is None:
@@ -56,7 +55,7 @@ class GenerationEvaluation:
         if hp.vae_path is None:
             raise ValueError(
                 "model.init_args.vae_path is not set (synthetic latents have no VAE): samples cannot be decoded; "
-                "valid: a latent cache made by datamodules.encode_latents, or --model.init_args.fid_samples=0"
+                "valid: a latent cache made by datamodules.latents.encode, or --model.init_args.fid_samples=0"
             )
         self.held_out = hp.fid_reference == HELD_OUT
         self.reference = None if self.held_out else open_reference(hp.fid_reference)
@@ -183,18 +182,6 @@ def tf32_matmuls(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
-def sampling_settings(module) -> dict:
-    """What decides the samples besides their index: sampler, steps, guidance and the EMA weights."""
-    hp = module.hparams
-    return {
-        "sampler": hp.sampler,
-        "steps": hp.sample_steps,
-        "cfg_scale": hp.guidance_scale,
-        "cfg_channels": "all" if hp.cfg_channels is None else hp.cfg_channels,
-        "weights_sha256": weights_fingerprint(module.ema.module),
-    }
 
 
 def protocol_line(protocol: dict) -> str:

@@ -16,7 +16,6 @@ seed, chunk size), so chunks of different settings never mix.
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -26,6 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
+
+from fileio import atomic_file, atomic_write_json
 
 SEED_STRIDE = 2**32  # seeds of two sample seeds never overlap for N < 2**32
 
@@ -82,12 +83,10 @@ def chunk_is_complete(directory: Path, plan: SamplePlan, chunk: int) -> bool:
 
 
 def write_chunk(directory: Path, chunk: int, images: Tensor, labels: Tensor, indices: Sequence[int]) -> None:
-    """``images`` uint8 (B, 3, H, W) -> arr_0 uint8 (B, H, W, 3), atomically (temp file + ``os.replace``)."""
-    path = chunk_path(directory, chunk)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
+    """``images`` uint8 (B, 3, H, W) -> arr_0 uint8 (B, H, W, 3), atomically (:func:`fileio.atomic_file`)."""
     nhwc = images.permute(0, 2, 3, 1).contiguous().cpu().numpy()
-    np.savez(tmp, arr_0=nhwc, arr_1=labels.cpu().numpy(), indices=np.asarray(list(indices), dtype=np.int64))
-    os.replace(tmp, path)
+    with atomic_file(chunk_path(directory, chunk)) as f:
+        np.savez(f, arr_0=nhwc, arr_1=labels.cpu().numpy(), indices=np.asarray(list(indices), dtype=np.int64))
 
 
 def prepare_directory(directory: Path, description: dict) -> None:
@@ -99,9 +98,7 @@ def prepare_directory(directory: Path, description: dict) -> None:
         if found != description:
             raise ValueError(f"{record} describes other samples ({found}); valid: {description}")
         return
-    tmp = record.with_name(f"plan.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(description, indent=2, sort_keys=True))
-    os.replace(tmp, record)
+    atomic_write_json(record, description, sort_keys=True)
 
 
 def generate_chunks(
@@ -172,9 +169,8 @@ def write_adm_npz(files: list[Path], path: Path) -> Path:
         keep.append(mask)
     if shape is None:
         raise ValueError(f"no samples to write into {path}")
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     labels = []
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    with atomic_file(path) as out, zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         with zf.open("arr_0.npy", "w", force_zip64=True) as f:
             header = np.lib.format.header_data_from_array_1_0(np.empty((0, *shape), np.uint8))
             np.lib.format.write_array_header_1_0(f, {**header, "shape": (len(seen), *shape)})
@@ -184,7 +180,6 @@ def write_adm_npz(files: list[Path], path: Path) -> Path:
                     labels.append(data["arr_1"][mask])
         with zf.open("arr_1.npy", "w") as f:
             np.lib.format.write_array(f, np.concatenate(labels).astype(np.int64), allow_pickle=False)
-    os.replace(tmp, path)
     return path
 
 
@@ -217,3 +212,15 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
 def plan_description(plan: SamplePlan, **settings: object) -> dict:
     """What ``plan.json`` records: the chunking and seeds (not N: a larger N reuses the chunks) and the settings."""
     return {**{k: v for k, v in asdict(plan).items() if k != "num_samples"}, **settings}
+
+
+def sampling_settings(module) -> dict:
+    """What decides the samples besides their index: sampler, steps, guidance and the EMA weights."""
+    hp = module.hparams
+    return {
+        "sampler": hp.sampler,
+        "steps": hp.sample_steps,
+        "cfg_scale": hp.guidance_scale,
+        "cfg_channels": "all" if hp.cfg_channels is None else hp.cfg_channels,
+        "weights_sha256": weights_fingerprint(module.ema.module),
+    }

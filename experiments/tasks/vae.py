@@ -6,7 +6,7 @@
 At fit end (rank 0) the latent scaling factor is measured as ``1 / std(mean latents)`` over up to
 ``scaling_images`` training images (the Stable Diffusion recipe that gave 0.18215), written into the
 VAE config and the VAE is saved with ``save_pretrained``; the DiT latent cache
-(``python -m datamodules.encode_latents --vae DIR``) reads it back with :func:`models.vae.load_vae`.
+(``python -m datamodules.latents.encode --vae DIR``) reads it back with :func:`models.vae.load_vae`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
-from datamodules.images import EmbeddedImageDataModule
+from datamodules.images.embedded import EmbeddedImageDataModule
 from datamodules.samplers import RandomPermutationSampler, epoch_seed, shard_over_ranks
 
 

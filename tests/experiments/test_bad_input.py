@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.text import TextDataModule
+from datamodules.text.datamodule import TextDataModule
 from experiments.__main__ import main
 from experiments.reliability.errors import describe, jsonargparse_line
 from tests.experiments.tiny import tiny_lm

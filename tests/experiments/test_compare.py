@@ -14,8 +14,8 @@ import pytest
 import yaml
 from scipy import stats as scipy_stats
 
-from experiments.sweeps import compare, palette, plots, stats, tables
-from experiments.sweeps.profiles import depth_profile
+from experiments.results import compare, palette, plots, stats, tables
+from experiments.results.profiles import depth_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,8 +196,8 @@ def test_failed_runs_are_counted_not_averaged(tmp_path: Path):
 
 
 def test_a_mean_curve_averages_what_its_table_row_averages():
-    from experiments.sweeps.cells import Cell
-    from experiments.sweeps.plots import averaged_runs
+    from experiments.results.cells import Cell
+    from experiments.results.plots import averaged_runs
 
     runs = [{"run": f"post-s{i}", "status": status} for i, status in enumerate(["finished", "stalled", "finished"])]
     assert [r["run"] for r in averaged_runs(Cell(("post",), runs))] == ["post-s0", "post-s2"]  # the stalled one alone

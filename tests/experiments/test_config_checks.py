@@ -30,7 +30,7 @@ CLASSES = [
     ("model", "experiments.tasks.AutoencoderTraining", "configs/vae/tiny.yaml"),
     ("data", "datamodules.text.TextDataModule", "configs/lm/tiny.yaml"),
     ("data", "datamodules.images.EmbeddedImageDataModule", "configs/vit/tiny.yaml"),
-    ("data", "datamodules.image_folder.ImageFolderDataModule", "configs/vit/deit-tiny.yaml"),
+    ("data", "datamodules.images.folder.ImageFolderDataModule", "configs/vit/deit-tiny.yaml"),
     ("data", "datamodules.latents.LatentDataModule", "configs/dit/tiny.yaml"),
     ("divergence", "experiments.monitoring.divergence.DivergenceDetector", "configs/lm/tiny.yaml"),
     ("summary", "experiments.monitoring.summary.RunSummary", "configs/lm/tiny.yaml"),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.encode_latents import main as encode_main
+from datamodules.latents.encode import main as encode_main
 from experiments.cli import main
 from experiments.tasks.diffusion import guided_prediction, make_scheduler, sample_latents, vlb_term
 from models import DiT, TrunkConfig

@@ -8,7 +8,7 @@ import pytest
 
 from experiments.__main__ import main as dispatch
 from experiments.reliability.errors import SuiteError
-from experiments.sweeps import compare, readme
+from experiments.results import compare, readme
 from tests.experiments.test_compare import PRE, SIAMESE, seeded, write_sweep
 
 ROOT = Path(__file__).resolve().parents[2]

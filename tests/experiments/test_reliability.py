@@ -299,13 +299,13 @@ def test_run_dir_blocked_by_a_file_is_one_line_and_leaves_earlier_runs(tmp_path:
 
 
 def test_full_disk_is_caught_before_training(tmp_path: Path, monkeypatch):
-    from experiments.cli import ensure_writable
     from experiments.reliability.errors import describe
+    from experiments.reliability.layout import ensure_writable
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("experiments.cli.open", full_disk, raising=False)  # the probe write hits a full disk
+    monkeypatch.setattr("experiments.reliability.layout.open", full_disk, raising=False)  # the probe write hits a full disk
     with pytest.raises(OutputDirError) as err:
         ensure_writable(tmp_path / "runs" / "lm" / "tiny" / "pre")
     assert describe(err.value) == (

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from experiments.sweeps import stats
-from experiments.sweeps.tables import fmt_estimate, fmt_p
+from experiments.results import stats
+from experiments.results.tables import fmt_estimate, fmt_p
 
 SAMPLE = [1.512, 1.538, 1.497, 1.551, 1.520]  # five seeds of a final loss
 BASE = [1.530, 1.561, 1.505, 1.560, 1.548]  # the baseline's five seeds, paired by position

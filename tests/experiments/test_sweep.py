@@ -21,8 +21,8 @@ from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 from experiments.cli import main as cli_main
 from experiments.monitoring.divergence import DivergenceDetector
 from experiments.monitoring.records import RUN_MARKER
+from experiments.results.tb_layout import LAYOUT_SUFFIX
 from experiments.sweeps import sweep
-from experiments.sweeps.tb_layout import LAYOUT_SUFFIX
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]

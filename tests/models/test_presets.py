@@ -158,7 +158,7 @@ def tiny_latent_cache(tmp_path: Path) -> Path:
     once per block but the last (32 px, 3 blocks -> 8 x 8) into ``latent_channels``; 10 embedded classes."""
     import yaml
 
-    from datamodules.latents import LatentCacheMeta
+    from datamodules.latents.cache import LatentCacheMeta
 
     vae = yaml.safe_load((ROOT / "configs/vae/tiny.yaml").read_text())
     net, data = vae["model"]["init_args"], vae["data"]["init_args"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from datamodules.tokenizers import TextTokenizer, load_tokenizer
+from datamodules.text.tokenizers import TextTokenizer, load_tokenizer
 from experiments.reliability.errors import CheckpointError, SuiteError
 from models import LanguageModel, TrunkConfig
 
@@ -98,7 +98,7 @@ def _load_tokenizer_dir(directory: str | Path) -> TextTokenizer:
 
 def _run_tokenizer(data_hparams: dict[str, Any], ckpt: Path) -> TextTokenizer:
     """The tokenizer the run's TextDataModule used (bytes need no file; BPE is read beside the shards)."""
-    from datamodules.text import TextDataModule
+    from datamodules.text.datamodule import TextDataModule
 
     if data_hparams.get("_class_path") != DATA_CLASS:
         raise SuiteError(

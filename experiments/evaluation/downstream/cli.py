@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from experiments.evaluation.downstream.config import DEFAULT_TASKS, SAMPLE_SEED, DownstreamConfig
 from experiments.reliability.errors import SuiteError
+from fileio import atomic_write_json
 
 DEFAULT_BATCH_SIZE = 32
 PRECISIONS = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
@@ -78,10 +78,7 @@ def evaluate_main(argv: list[str] | None = None) -> None:
             "scores": results.metrics("downstream"),
             "protocol": evaluator.protocol(precision=args.precision),
         }
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=2) + "\n")
-        tmp.replace(out)
+        atomic_write_json(out, payload)
         print(f"scores: {out}")
 
 

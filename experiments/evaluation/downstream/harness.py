@@ -30,7 +30,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from datamodules.tokenizers import TextTokenizer
+from datamodules.text.tokenizers import TextTokenizer
 from experiments.evaluation.downstream.tokenizer import end_of_text_id
 
 MODEL_NAME = "suite-lm"

@@ -27,7 +27,7 @@ from olmo_eval.version import VERSION as OLMO_EVAL_VERSION
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from datamodules.tokenizers import TextTokenizer
+from datamodules.text.tokenizers import TextTokenizer
 from experiments.evaluation.downstream.config import DownstreamConfig
 from experiments.evaluation.downstream.results import DownstreamResults, TaskResult, task_scores
 from experiments.evaluation.downstream.selection import TaskSelection, select_task

@@ -2,7 +2,7 @@
 
 ``olmo_eval`` tokenizes prompts and answer choices itself (``task.token_encode``) through an abstract
 ``olmo_eval.Tokenizer``: ``encode_batch`` / ``decode_batch`` and the pad / eos / bos ids. This adapter
-forwards every call to the suite's :class:`datamodules.tokenizers.TextTokenizer` (byte-level, or a BPE
+forwards every call to the suite's :class:`datamodules.text.tokenizers.TextTokenizer` (byte-level, or a BPE
 ``tokenizer.json``), so the tasks see exactly the ids the model was trained on; nothing is re-tokenized
 here.
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from olmo_eval import Tokenizer
 
-from datamodules.tokenizers import TextTokenizer
+from datamodules.text.tokenizers import TextTokenizer
 
 END_OF_TEXT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 

@@ -25,13 +25,13 @@ what torch-fidelity does to uint8 images after its TF-compatible resize.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from fileio import atomic_file
 
 ##################################################################################
 #                         Name mapping (TF scope -> torchvision)                 #
@@ -207,14 +207,8 @@ def convert_fid_helper_torchscript(script_path: str | Path, out_path: str | Path
         warnings.filterwarnings("ignore", message=".*torch.jit.load.*deprecated", category=FutureWarning)
         script = torch.jit.load(str(script_path), map_location="cpu")
     state = convert_state_dict(dict(script.state_dict()))
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=out_path.name + ".", suffix=".tmp", dir=out_path.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp_name)
-        check_loads_into_torch_fidelity(tmp_name)
-        os.replace(tmp_name, out_path)
-    finally:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+    with atomic_file(out_path) as f:
+        torch.save(state, f)
+        f.flush()
+        check_loads_into_torch_fidelity(f.name)  # before it goes live under its real name
     return out_path

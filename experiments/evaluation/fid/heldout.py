@@ -49,7 +49,7 @@ def reference_batches(datamodule, num_images: int, batch_size: int) -> Iterator[
             idx = range(i, min(i + batch_size, num_images, len(data)))
             yield torch.stack([data[j][0] for j in idx])
         return
-    from datamodules.images import load_embedded_images, resize_uint8
+    from datamodules.images.embedded import load_embedded_images, resize_uint8
 
     arrays = load_embedded_images("test")  # held-out real images of the embedded set
     images = torch.from_numpy(arrays.images[:num_images]).unsqueeze(1).expand(-1, 3, -1, -1)

@@ -14,13 +14,13 @@ carries what must match for reuse::
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from fileio import atomic_file
 
 PROXY_BACKEND = "proxy"
 
@@ -59,15 +59,12 @@ def same_feature_space(a: str | None, b: str | None) -> bool:
 
 
 def save_real_stats(path: str | Path, stats: RealStats, backend: str, features: np.ndarray | None = None) -> Path:
-    """Writes a statistics file atomically (temp file + ``os.replace``)."""
+    """Writes a statistics file atomically (:func:`fileio.atomic_file`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     extra = {} if features is None else {"features": np.asarray(features, np.float32)}
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp.npz", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as f:
         np.savez(
-            tmp,
+            f,
             mu=stats.mu,
             sigma=stats.sigma,
             num_samples=-1 if stats.num_samples is None else stats.num_samples,
@@ -75,10 +72,6 @@ def save_real_stats(path: str | Path, stats: RealStats, backend: str, features: 
             feature=stats.mu.shape[0],
             **extra,
         )
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from datamodules.tokenizers import BPETokenizer, ByteTokenizer
+from datamodules.text.tokenizers import BPETokenizer, ByteTokenizer
 from models import LanguageModel, TrunkConfig
 
 WINDOW = 64  # short enough that OLMo's left truncation is exercised on most questions

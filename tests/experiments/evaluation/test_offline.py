@@ -67,7 +67,7 @@ def test_every_module_imports_and_every_default_task_builds_offline():
         "import importlib, json, sys\n"
         f"for name in {SUITE_MODULES!r}:\n"
         "    importlib.import_module(name)\n"
-        "from datamodules.tokenizers import ByteTokenizer\n"
+        "from datamodules.text.tokenizers import ByteTokenizer\n"
         "from experiments.evaluation.downstream.config import DownstreamConfig\n"
         "from experiments.evaluation.downstream.scorer import DownstreamEvaluator\n"
         "evaluator = DownstreamEvaluator(DownstreamConfig(), ByteTokenizer(), window=128)\n"

@@ -1,0 +1,203 @@
+"""Turn run summaries into a comparison: markdown + CSV tables, PNG plots and a TensorBoard layout.
+
+    python -m experiments compare runs/lm/stability                              # rebuild the comparison
+    python -m experiments compare runs/lm/stability --export docs/results/stability   # and copy it into the repo
+
+The headline table has one row per cell of the grid (scheme x overlay x lr x warmup): the sweep's metric
+as ``mean ± 95 % CI (n)`` over seeds, the paired difference to the spec's ``baseline`` scheme with its
+t-test and sign-flip p-values, and every run counted by status; the per-run table follows it
+(:mod:`experiments.results.tables`, :mod:`experiments.results.stats`).
+
+A run's status is its summary's (finished, diverged, interrupted, crashed), except that a finished run
+whose validation loss stays above ``STALL_RATIO`` x the data's baseline loss (for the LM: the unigram
+entropy, what a model scores that ignores context) is reported as **stalled**: it ran to the end but
+learned (almost) nothing beyond token frequencies, which is how Post-Norm fails at high learning rates
+at small scale rather than blowing up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.reliability.errors import SuiteError
+from experiments.results import plots, tables
+from experiments.results.cells import PRIMARY, Cell, assign_protocols, cell_key, group, run_coordinates
+from experiments.results.export import check_target, export
+from experiments.results.profiles import plot_depth_profiles
+from experiments.results.runs import SWEEP_RECORD, load_summaries, sweep_record
+from experiments.results.tables import STALL_RATIO
+from experiments.results.tb_layout import write_layout
+
+CELLS_CSV = "comparison_cells.csv"
+__all__ = ["STALL_RATIO", "SWEEP_RECORD", "Comparison", "load_comparison", "load_summaries", "write_comparison"]
+
+
+def sweep_baseline(summaries: dict[str, dict]) -> float | None:
+    """The baseline loss the runs report, when they agree on one (they share the data); else None.
+
+    Summaries written before runs recorded it take this value, since it belongs to the data, not the run.
+    """
+    values = {round(s["baseline_loss"], 9) for s in summaries.values() if s.get("baseline_loss") is not None}
+    return values.pop() if len(values) == 1 else None
+
+
+def status_of(summary: dict, baseline: float | None) -> str:
+    status = summary.get("status", "?")
+    val_loss = (summary.get("final_val") or {}).get("val/loss")
+    baseline = summary.get("baseline_loss") or baseline
+    if status == "finished" and val_loss is not None and baseline and val_loss > STALL_RATIO * baseline:
+        return "stalled"
+    return status
+
+
+def rows(summaries: dict[str, dict], metric: str, coordinates: dict[str, dict] | None = None) -> list[dict]:
+    """One row per run: its grid coordinates (``coordinates``, default: from the summaries), status,
+    losses, the sweep's ``metric`` (key ``metric``), test metrics and test protocol."""
+    coordinates = coordinates or run_coordinates({}, summaries)
+    table, baseline = [], sweep_baseline(summaries)
+    for name, s in summaries.items():
+        val = s.get("final_val") or {}
+        coords = coordinates.get(name) or run_coordinates({}, {name: s})[name]
+        diverged = s.get("status") == "diverged"
+        table.append(
+            {
+                "run": name,
+                **{k: v for k, v in coords.items()},
+                "scheme": coords.get("scheme", s.get("scheme", "?")),  # the grid's: a named variant stays named
+                "lr": coords.get("lr", s.get("lr")),
+                "cell": cell_key({k: v for k, v in coords.items()}),
+                "status": status_of(s, baseline),
+                "steps": s.get("steps"),
+                "train_loss": s.get("final_train_loss"),
+                "val_loss": val.get("val/loss"),
+                PRIMARY: val.get(metric),
+                "diverged": f"yes (step {s.get('diverged_at')})" if diverged else "no" if "steps" in s else None,
+                "spikes": s.get("spikes", 0) if "steps" in s else None,
+                "wall_s": s.get("wall_time_s"),
+                "params": s.get("params"),
+                "protocol": s.get("test_protocol") if isinstance(s.get("test_protocol"), dict) else None,
+                **{k: v for k, v in (s.get("test") or {}).items() if k.startswith("test/")},
+            }
+        )
+    return table
+
+
+@dataclass
+class Comparison:
+    """A sweep's runs, their cells and everything the tables and plots are drawn from."""
+
+    record: dict
+    metric: str
+    baseline: str | None  # the scheme every cell is paired with (the spec's ``baseline``)
+    summaries: dict[str, dict]
+    table: list[dict]
+    cells: list[Cell]
+    protocol_notes: list[str]
+
+    @property
+    def baseline_loss(self) -> float | None:
+        return sweep_baseline(self.summaries)
+
+    @property
+    def seeds(self) -> list:
+        return list(dict.fromkeys(r.get("seed") for r in self.table if r.get("seed") is not None))
+
+    def notes(self) -> str:
+        return tables.notes(self.cells, self.baseline_loss, self.protocol_notes, self.baseline)
+
+    def block(self, kind: str) -> str:
+        """A README block: ``table`` (cells), ``pivot`` (scheme x axis), ``runs`` (per run) or ``notes``."""
+        if kind == "table":
+            return tables.cells_markdown(self.cells, self.metric, self.baseline, self.table) + "\n" + self.notes()
+        if kind == "pivot":
+            return tables.pivot_markdown(self.cells, self.metric, self.baseline) + "\n" + self.notes()
+        if kind == "runs":
+            return tables.runs_markdown(self.table, self.metric)
+        if kind == "notes":
+            return self.notes()
+        raise SuiteError(f"unknown results block {kind!r}; valid: table, pivot, runs, notes")
+
+    def markdown(self) -> str:
+        """``comparison.md``: the cells table with its notes, then the per-run table."""
+        name = self.record.get("name") or "sweep"
+        return (f"## {name}: {self.metric} per cell, over seeds\n\n{self.block('table')}\n"
+                f"## {name}: every run\n\n{self.block('runs')}")  # fmt: skip
+
+
+def load_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str | None = None) -> Comparison:
+    """Reads a sweep directory (or an export of one): ``sweep.yaml`` and the runs' ``summary.json``."""
+    record = sweep_record(sweep_dir)
+    metric = metric or record.get("metric", "val/loss")
+    summaries = load_summaries(sweep_dir, names)
+    table = rows(summaries, metric, run_coordinates(record, summaries))
+    protocol_notes = assign_protocols(table)
+    return Comparison(record, metric, record.get("baseline"), summaries, table, group(table), protocol_notes)
+
+
+def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str | None = None) -> dict[str, Path]:
+    """Writes ``comparison.md``, ``comparison.csv`` (per run), ``comparison_cells.csv`` (per cell),
+    ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png`` with several rates, ``depth_profiles.png``
+    when the runs logged diagnostics) and the TensorBoard layout. ``metric`` defaults to the sweep's
+    (``sweep.yaml``), else ``val/loss``.
+
+    Returns:
+        ``{kind: path}`` of what was written.
+    """
+    comparison = load_comparison(sweep_dir, names, metric)
+    metric = comparison.metric
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    out = {"markdown": sweep_dir / "comparison.md", "csv": sweep_dir / "comparison.csv"}
+    out["cells_csv"] = sweep_dir / CELLS_CSV
+    out["markdown"].write_text(comparison.markdown())
+    tables.write_runs_csv(out["csv"], comparison.table, metric)
+    out["cells_csv"].write_text(tables.cells_csv(comparison.cells, metric, comparison.baseline, comparison.table))
+    out["curves"] = sweep_dir / "curves.png"
+    title = plots.model_title(comparison.record, comparison.summaries, comparison.seeds, metric)
+    plots.plot_curves(comparison.cells, comparison.summaries, out["curves"], title)
+    if plots.plot_stability(comparison.cells, sweep_dir / "stability.png", metric):
+        out["stability"] = sweep_dir / "stability.png"
+    if plots.plot_metric_vs_lr(comparison.cells, sweep_dir / "metric_vs_lr.png", metric):
+        out["metric_vs_lr"] = sweep_dir / "metric_vs_lr.png"
+    if plot_depth_profiles(sweep_dir, comparison.cells, sweep_dir / "depth_profiles.png"):
+        out["depth_profiles"] = sweep_dir / "depth_profiles.png"
+    if layout := write_layout(sweep_dir, list(comparison.summaries), metric):
+        out["tb_layout"] = layout
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m experiments compare SWEEP_DIR [--export DIR [--overwrite]]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments compare",
+        description="Rebuild a sweep directory's comparison (tables, plots, TensorBoard layout) from its runs' "
+        "summary.json files; --export copies the small files README's tables are generated from into DIR.",
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a sweep directory, e.g. runs/lm/stability")
+    parser.add_argument(
+        "--export", type=Path, metavar="DIR", help="also copy the comparison to DIR (e.g. docs/results/stability)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        raise SuiteError(f"{args.sweep_dir} is not a directory; valid: a sweep directory such as runs/lm/demo")
+    if not (args.sweep_dir / SWEEP_RECORD).is_file() and not any(args.sweep_dir.glob("*/summary.json")):
+        raise SuiteError(f"{args.sweep_dir} holds no sweep.yaml and no */summary.json; valid: a sweep directory")
+    if args.export is not None:  # refuse before writing anything
+        check_target(args.export, args.sweep_dir, args.overwrite)
+    for kind, p in write_comparison(args.sweep_dir).items():
+        print(f"{kind:>14}: {p}")
+    statuses = Counter(r["status"] for r in load_comparison(args.sweep_dir).table)
+    print(f"{'runs':>14}: " + ", ".join(f"{n} {status}" for status, n in statuses.items()))
+    if statuses.get("running") or statuses.get("missing"):
+        print(f"{'note':>14}: some runs have not finished; compare (and export) again when the sweep is done")
+    if args.export is not None:
+        for p in export(args.sweep_dir, args.export, args.overwrite):
+            print(f"      exported: {p}")
+    print(f"   tensorboard: tensorboard --logdir {args.sweep_dir}  (CUSTOM SCALARS: every run per chart)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""The comparison as text: the per-cell table (``mean ± 95 % CI (n)`` and the paired difference to the
+baseline), a scheme x axis pivot of it, the per-run table, and their CSV forms.
+
+Every table the suite prints, writes or puts in README comes from here, so they cannot disagree. An
+interval is shown only where it exists: one seed reads ``1.514 (n = 1)``. The number of digits follows
+the interval (two significant digits of its half-width), so a table never claims more precision than
+its seeds support.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from experiments.results.cells import AXES, PRIMARY, STATUS_ORDER, Cell, CellStats, cell_stats, varying_axes
+from experiments.results.stats import CI_NAME, Estimate, PairedComparison, sign_flip_floor
+
+STALL_RATIO = 0.9  # stalled: final val loss > 90 % of the context-free baseline
+RUN_COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", PRIMARY, "diverged", "spikes",
+               "wall_s", "params"]  # fmt: skip
+CSV_COORDINATES = ["overlay", "warmup", "seed"]  # the per-run CSV adds the grid coordinates after the scheme
+DOWNSTREAM = "test/downstream/"
+
+
+def in_markdown(metric: str) -> bool:
+    """Whether a test metric gets a markdown column: per-task downstream scores go to the CSV only (their
+    average ``test/downstream/avg`` is shown), so a dozen tasks do not flood the table."""
+    return not metric.startswith(DOWNSTREAM) or metric == f"{DOWNSTREAM}avg"
+
+
+def tested_metrics(table: list[dict]) -> list[str]:
+    """Every ``test/...`` metric some run has, in first-seen order."""
+    return list(dict.fromkeys(k for r in table for k in r if k.startswith("test/")))
+
+
+##################################################################################
+#                                   Formatting                                   #
+##################################################################################
+
+
+def fmt(value) -> str:
+    """A table value: 4 significant digits, thousands separators for large integers, ``-`` for none."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 10000:
+        return f"{value:,}"
+    return str(value)
+
+
+def _decimals(half_width: float) -> int:
+    """Decimals that show two significant digits of the interval's half-width."""
+    if half_width <= 0 or not math.isfinite(half_width):
+        return 4
+    return min(8, max(0, 1 - math.floor(math.log10(half_width))))
+
+
+def fmt_estimate(e: Estimate | None, signed: bool = False) -> str:
+    """``mean ± half-width (n = k)``; one replicate: ``value (n = 1)``; none: ``-``."""
+    if e is None:
+        return "-"
+    sign = "+" if signed else ""
+    if e.half_width is None:
+        return f"{e.mean:{sign}.4g} (n = 1)"
+    d = _decimals(e.half_width)
+    if e.half_width == 0:  # identical replicates: their value, and a zero-width interval
+        return f"{e.mean:{sign}.4g} ± 0 (n = {e.n})"
+    return f"{e.mean:{sign}.{d}f} ± {e.half_width:.{d}f} (n = {e.n})"
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "< 0.001" if p < 0.001 else f"{p:.2g}"
+
+
+def fmt_status_counts(cell: Cell) -> str:
+    """``3 finished`` / ``2 finished, 1 diverged``: every run of the cell is accounted for."""
+    counts = cell.counts()
+    order = [s for s in STATUS_ORDER if s in counts] + sorted(s for s in counts if s not in STATUS_ORDER)
+    return ", ".join(f"{counts[s]} {s}" for s in order)
+
+
+def fmt_wall(seconds) -> str:
+    return "-" if seconds is None else f"{float(seconds):.0f}"
+
+
+def _value_text(stats: CellStats) -> str:
+    if stats.value is not None:
+        return fmt_estimate(stats.value)
+    if stats.stalled is not None:
+        return f"stalled {fmt_estimate(stats.stalled)}"
+    return "-"
+
+
+def _versus_text(stats: CellStats, baseline: str) -> tuple[str, str, str]:
+    """(difference, p of the t-test, p of the sign-flip test) for the cell against the baseline."""
+    if stats.is_baseline:
+        return "(baseline)", "", ""
+    v: PairedComparison | None = stats.versus
+    if v is None:
+        return "-", "-", "-"
+    return fmt_estimate(v.difference, signed=True), fmt_p(v.p_t), fmt_p(v.p_sign_flip)
+
+
+def _coordinate(cell: Cell, axis: str) -> str:
+    value = cell.coords.get(axis)
+    return f"{value:g}" if isinstance(value, float) else fmt(value)
+
+
+def _row(values: list[str]) -> str:
+    return "| " + " | ".join(values) + " |"
+
+
+##################################################################################
+#                                     Tables                                     #
+##################################################################################
+
+
+def cells_markdown(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
+    """One row per cell: ``metric`` as ``mean ± CI (n)``, the paired difference to ``baseline`` with its
+    t-test and sign-flip p-values, the test metrics' means, and every run counted by status."""
+    axes = varying_axes(cells)
+    primary = cell_stats(cells, PRIMARY, baseline)
+    tests = [m for m in tested_metrics(table) if in_markdown(m)]
+    test_stats = {m: cell_stats(cells, m, baseline) for m in tests}
+    header = [*axes, metric]
+    if baseline:
+        header += [f"Δ {metric} vs {baseline}", "p (paired t)", "p (sign-flip)"]
+    header += [*tests, "runs"]
+    lines = [_row(header), "|" + "---|" * len(header)]
+    for i, stats in enumerate(primary):
+        cells_text = [_coordinate(stats.cell, a) for a in axes] + [_value_text(stats)]
+        if baseline:
+            cells_text += list(_versus_text(stats, baseline))
+        for m in tests:
+            s = test_stats[m][i]
+            cells_text.append("mixed protocols" if s.mixed_protocols else fmt_estimate(s.value))
+        lines.append(_row([*cells_text, fmt_status_counts(stats.cell)]))
+    return "\n".join(lines) + "\n"
+
+
+def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None) -> str:
+    """Schemes as rows, the other swept axis (lr, else overlay, else warmup) as columns; each entry
+    ``mean ± CI (n)`` and, below it, the paired difference to the baseline with both p-values."""
+    axes = [a for a in varying_axes(cells) if a != "scheme"]
+    column_axis = next((a for a in ("lr", "overlay", "warmup") if a in axes), axes[0] if axes else None)
+    row_axes = ["scheme", *[a for a in axes if a != column_axis]]
+    stats = {s.cell.key: s for s in cell_stats(cells, PRIMARY, baseline)}
+    columns = list(dict.fromkeys(_coordinate(c, column_axis) for c in cells)) if column_axis else [metric]
+    rows: dict[tuple, dict[str, CellStats]] = {}
+    for cell in cells:
+        row = tuple(_coordinate(cell, a) for a in row_axes)
+        rows.setdefault(row, {})[_coordinate(cell, column_axis) if column_axis else metric] = stats[cell.key]
+    names = {"lr": "lr", "overlay": "", "warmup": "warmup"}
+    header = [*row_axes, *[f"{names.get(column_axis, column_axis)} {c}".strip() for c in columns]]
+    lines = [_row(header), "|" + "---|" * len(header)]
+    for row, entries in rows.items():
+        texts = []
+        for c in columns:
+            s = entries.get(c)
+            if s is None:
+                texts.append("")
+                continue
+            text = _value_text(s)
+            failed = {k: v for k, v in s.cell.counts().items() if k != "finished"}
+            if s.value is None and s.stalled is not None:
+                failed.pop("stalled", None)  # the text says so already
+            if failed:
+                text += "; " + ", ".join(f"{v} {k}" for k, v in failed.items())
+            if baseline and not s.is_baseline and s.versus is not None:
+                v = s.versus
+                n = "" if s.value is not None and v.n == s.value.n else f", {v.n} pairs"
+                if v.n < 2:  # one pair: a difference, no test
+                    text += f"<br>Δ {fmt_estimate(v.difference, signed=True)}"
+                else:
+                    diff = fmt_estimate(v.difference, signed=True).rsplit(" (n = ", 1)[0]
+                    p_t = fmt_p(v.p_t)
+                    p_t = p_t if p_t.startswith("<") else f"= {p_t}"
+                    text += f"<br>Δ {diff}{n}, p {p_t} (t), {fmt_p(v.p_sign_flip)} (sign-flip)"
+            texts.append(text)
+        lines.append(_row([*row, *texts]))
+    return "\n".join(lines) + "\n"
+
+
+def run_table_columns(table: list[dict], markdown: bool, metric: str) -> list[str]:
+    """The per-run columns: the sweep's metric unless it is ``val/loss`` (a column already), the test
+    metrics (markdown: without per-task downstream scores), ``protocol`` when runs differ in it."""
+    base = [c for c in RUN_COLUMNS if c != PRIMARY or metric != "val/loss"]
+    tests = [m for m in tested_metrics(table) if in_markdown(m) or not markdown]
+    protocol = ["protocol"] if any(r.get("protocol_id") not in (None, "same") for r in table) else []
+    if markdown:
+        return base + tests + protocol
+    return base[:2] + CSV_COORDINATES + base[2:] + tests + protocol
+
+
+def runs_markdown(table: list[dict], metric: str) -> str:
+    """One row per run, in sweep order: what each run did (status, steps, losses, tests, time)."""
+    names = run_table_columns(table, markdown=True, metric=metric)
+    header = [metric if c == PRIMARY else c for c in names]
+    lines = [_row(header), "|" + "---|" * len(header)]
+    for r in table:
+        values = {**r, "wall_s": fmt_wall(r.get("wall_s")), "protocol": r.get("protocol_id")}
+        lines.append(_row([fmt(values.get(c)) for c in names]))
+    return "\n".join(lines) + "\n"
+
+
+def notes(cells: list[Cell], baseline_loss: float | None, protocol_notes: list[str], baseline: str | None) -> str:
+    """What the numbers mean: interval, tests, the stall line, the test protocols."""
+    n_max = max((len(c.values()) for c in cells), default=0)
+    if n_max < 2:
+        out = ["One finished run per cell (n = 1): each value stands alone, with no interval and no paired test; "
+               "a difference of a few hundredths may be within what another seed would move."]  # fmt: skip
+        if baseline:
+            out.append(f"Δ = scheme - {baseline} on the same seed.")
+    else:
+        out = [f"mean ± {CI_NAME} (t-interval over seeds; n = finished runs). Stalled, diverged and crashed runs "
+               "are counted in `runs`, never averaged in."]  # fmt: skip
+        if baseline:
+            out.append(f"Δ = scheme - {baseline}, paired by seed over seeds where both finished; two-sided p-values "
+                       "of the paired t-test and of the exact sign-flip permutation test, whose smallest possible "
+                       f"value with n = {n_max} pairs is {sign_flip_floor(n_max):.2g}.")  # fmt: skip
+    if baseline_loss is not None:
+        line = STALL_RATIO * baseline_loss
+        out.append(f"Context-free baseline loss of the data: {baseline_loss:.4f}. stalled = finished with val_loss "
+                   f"above {STALL_RATIO:g} x baseline = {line:.4f}.")  # fmt: skip
+    out += protocol_notes
+    return "\n".join(out) + "\n"
+
+
+##################################################################################
+#                                      CSV                                       #
+##################################################################################
+
+
+def _csv_value(column: str, value):
+    if column == "wall_s" and isinstance(value, int | float):
+        return f"{value:.1f}"
+    return "" if value is None else value
+
+
+def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
+    """The per-run table with every test metric (per-task downstream scores included); the metric's
+    column is named after it."""
+    names = run_table_columns(table, markdown=False, metric=metric)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([metric if c == PRIMARY else c for c in names])
+        for r in table:
+            values = {**r, "protocol": r.get("protocol_id")}
+            writer.writerow([_csv_value(c, values.get(c)) for c in names])
+
+
+def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
+    """Per cell and metric (the sweep's, then every test metric): the markdown's ``mean ± CI (n)`` and
+    ``Δ`` texts, then n, mean, std, CI, and the paired difference to the baseline with its CI and both
+    p-values; plus the run counts per status."""
+    axes = [a for a in AXES if any(a in c.coords for c in cells)]
+    axes += list(dict.fromkeys(k for c in cells for k in c.coords if k not in axes))
+    metrics = {PRIMARY: metric, **{m: m for m in tested_metrics(table)}}
+    fields = ["n", "mean", "std", "ci_low", "ci_high"]
+    paired_fields = ["diff_n", "diff_mean", "diff_ci_low", "diff_ci_high", "p_paired_t", "p_sign_flip"]
+    header = [*axes, *STATUS_ORDER]
+    for name in metrics.values():  # the table's text first (``mean ± CI (n)``), then the numbers
+        header += [name] + (["Δ " + name] if baseline else [])
+        header += [f"{name} {f}" for f in fields + (paired_fields if baseline else [])]
+    stats = {key: cell_stats(cells, key, baseline) for key in metrics}
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(header)
+    for i, cell in enumerate(cells):
+        counts = cell.counts()
+        row = [cell.coords.get(a, "") for a in axes] + [counts.get(s, 0) for s in STATUS_ORDER]
+        for key in metrics:
+            s = stats[key][i]
+            e = s.value
+            row.append("mixed protocols" if s.mixed_protocols else _value_text(s))
+            if baseline:
+                row.append(_versus_text(s, baseline)[0])
+            row += [e.n, e.mean, e.std, e.low, e.high] if e else [0, "", "", "", ""]
+            if baseline:
+                v = s.versus
+                d = v.difference if v else None
+                row += [v.n, d.mean, d.low, d.high, v.p_t, v.p_sign_flip] if v else [0, "", "", "", "", ""]
+        writer.writerow(["" if x is None else x for x in row])
+    return out.getvalue()

@@ -1,0 +1,12 @@
+"""Files in and out, the same way for every command: atomic writes, and checks on what users hand in.
+
+    atomic.py   write a file so that a reader (or a crash) never sees half of it: temp file beside the target,
+                fsync, rename over it, fsync the directory
+
+Belongs here: file handling every other package repeats. Plain Python (and the standard library): it imports
+nothing of ``models``, ``datamodules`` or ``experiments``, so each of them can use it.
+"""
+
+from fileio.atomic import atomic_file, atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_dir
+
+__all__ = ["atomic_file", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "fsync_dir"]

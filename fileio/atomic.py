@@ -1,0 +1,83 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of either.
+
+    with atomic_file(path) as f:          # f: a binary file at <dir>/.<name>.<pid>.<random>.tmp
+        np.savez(f, ...)                  # or torch.save(obj, f), f.write(bytes) ...
+    # on leaving the block: f is flushed and fsynced, renamed over `path`, and the directory fsynced;
+    # on an exception: the temp file is removed and `path` is untouched
+
+One policy for every file the suite writes (checkpoints, statistics, manifests, progress records, samples):
+the data reaches the disk before the rename makes it visible, and the rename reaches the disk before the
+writer moves on, so a crash or a full disk never leaves a truncated file under the real name. Temp files
+are hidden (a leading dot), unique per process and call, and never end in the target's suffix, so nothing
+takes a half-written ``.ckpt`` or ``.npz`` for a finished one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """Makes a rename in ``directory`` durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def temp_path(path: Path) -> Path:
+    """A fresh hidden name beside ``path``: ``.<name>.<pid>.<random>.tmp`` (two writers never share one)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[IO[bytes]]:
+    """A binary file that replaces ``path`` when the block ends without an exception (module docstring).
+
+    The parent directory is created if missing. The temp file's name is ``f.name`` (to check the file
+    before it goes live, e.g. load it back).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "xb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Writes ``data`` to ``path`` atomically; returns ``path``."""
+    with atomic_file(path) as f:
+        f.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Writes UTF-8 ``text`` to ``path`` atomically; returns ``path``."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, payload: Any, indent: int | None = 2, sort_keys: bool = False) -> Path:
+    """Writes ``payload`` as JSON (numpy and torch scalars as floats) plus a newline, atomically."""
+    text = json.dumps(payload, indent=indent, sort_keys=sort_keys, default=float) + "\n"
+    return atomic_write_text(path, text)
