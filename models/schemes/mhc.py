@@ -26,27 +26,29 @@ Init: ``b_pre = e_(k mod n)``, ``B_res = I``, ``b_post = 1``, ``W_* = 0``, ``s_p
 matrix ``exp(I)`` has equal row and column sums, so one normalization already lands there).
 Readout ``N_f(sum_i x_i)``, shared with Hyper-Connections.
 
-Reference: ``lucidrains/hyper-connections``, ``hyper_connections/mHCv2.py`` (HEAD 4775103), class
-``ManifoldConstrainedHyperConnections``, with its defaults (``num_fracs = 1``, ``num_input_views = 1``,
+Reference: ``lucidrains/hyper-connections``, ``hyper_connections/mHCv2.py`` at 4775103 (line numbers below),
+class ``ManifoldConstrainedHyperConnections``, with its defaults (``num_fracs = 1``, ``num_input_views = 1``,
 ``num_dynamic_alpha_proposals = 1``, ``log_domain_sinkhorn = False``, ``mix_streams_before_norm = False``):
 
-- Sinkhorn: ``sinkhorn_knopps`` (float32, column max subtracted and detached, ``exp``, then ``iters = 20``
-  rounds of ``l1norm`` over dim -2 then dim -1); ``sinkhorn_iters = 20`` in ``__init__``.
-- Init: ``static_alpha = cat(init_alpha0, eye(n))`` with ``init_alpha0[layer_index % n] = 1`` (b_pre, B_res),
-  ``dynamic_alpha_fn = 0`` (W_pre, W_res), ``pre_branch_scale = residual_scale = 1e-2`` (s_pre, s_res);
-  ``static_beta = 1`` (b_post), ``dynamic_beta_fn = 0`` (W_post), ``h_post_scale = 1e-2`` (s_post). Without
-  ``layer_index`` the reference draws the stream at random (``randrange``); the suite passes k, as for ``hyper``.
-- ``width_connection``: ``self.norm`` per stream over D on the un-mixed streams, the weights in float32,
-  ``alpha_pre.sigmoid()``, ``residual_mix_constraint_fn`` (Sinkhorn) on the n x n block, ``beta.sigmoid() * 2``,
-  then one einsum gives the branch input and ``H_res^T x``; ``depth_connection`` adds ``beta * o``.
-- The norm: the reference hard-codes an RMSNorm (``F.normalize(x) * sqrt(D) * (gamma + 1)``, gamma = 0); here
-  it is the configured ``N`` (identical up to where eps sits when ``norm_layer: rmsnorm``).
-- The branch's own input norm ``N(H_pre^T x)`` and the readout ``N_f(sum_i x_i)`` are the reference's ViT
-  (``hyper_connections/vit.py``: ``Attention.norm``, the LayerNorm opening ``FeedForward``, then
-  ``reduce_streams`` (a sum) and ``Transformer.norm``).
-- Not implemented: the reference's ``mix_streams_before_norm`` option (a learned n x n mixing, identity at init,
-  of the streams that feed ``N`` and so only the weights; off by default), fractions, several input views,
-  several alpha proposals, log-domain or Triton Sinkhorn.
+- Sinkhorn: ``sinkhorn_knopps`` (L51-69: float32, column max subtracted and detached, ``exp``, then ``iters``
+  rounds of ``l1norm`` over dim -2, then dim -1); ``sinkhorn_iters = 20`` (L240, L345).
+- Init (L307-326): ``static_alpha = cat(init_alpha0, eye(n))`` with ``init_alpha0[layer_index % n] = 1``
+  (b_pre, B_res), ``dynamic_alpha_fn = 0`` (W_pre, W_res), ``pre_branch_scale = residual_scale = 1e-2``
+  (s_pre, s_res); ``static_beta = 1`` (b_post), ``dynamic_beta_fn = 0`` (W_post), ``h_post_scale = 1e-2``
+  (s_post). Without ``layer_index`` the reference draws the stream at random (L286, ``randrange``); the suite
+  passes k, as for ``hyper``.
+- ``width_connection`` (L372-470): ``self.norm`` per stream over D on the un-mixed streams (L398), the weights
+  in float32 (L404-417), ``alpha_pre.sigmoid()`` (L423), Sinkhorn on the n x n block (L425),
+  ``beta.sigmoid() * 2`` (L441-447), one float32 einsum for the branch input and ``H_res^T x`` (L449), cast
+  back (L465); ``depth_connection`` (L472-499) adds ``beta * o`` in float32, cast back.
+- The norm (L281, L146-153): a hard-coded RMSNorm (``F.normalize(x) * sqrt(D) * (gamma + 1)``, gamma = 0);
+  here the configured ``N`` (the same function up to where eps sits when ``norm_layer: rmsnorm``).
+- Streams: n copies of the embedding (L105) summed at the end (L110). The branch's own input norm
+  ``N(H_pre^T x)`` and the final norm after the sum are the repository's ``hyper_connections/vit.py``
+  (``Attention.norm`` L41, the LayerNorm opening ``FeedForward`` L21, ``Transformer.forward`` L84-92).
+- Not implemented: ``mix_streams_before_norm`` (L246, L272-277, L390-394: a learned n x n mix, identity at
+  init, of the streams that feed ``N`` and so only the weights; off by default), fractions, several input views,
+  several alpha proposals, the log-domain and Triton Sinkhorn.
 """
 
 from __future__ import annotations
