@@ -60,6 +60,7 @@ BOUNDS: dict[str, Bound] = {
     "moe_hidden": Bound(1, integer=True, optional=True),
     "mix_ratio": Bound(0, 1),
     "init_std": Bound(0, low_open=True),
+    "mhc_streams": Bound(1, integer=True),
 }
 
 
@@ -98,6 +99,7 @@ class TrunkConfig:
             branch input; the readout too) in backward instead of keeping it, as :mod:`models.recompute`
             describes: True, False, or "auto" (where it keeps fewer bytes: ``Scheme.recompute_wins``; off
             under ``activation_checkpointing``, which recomputes the whole block already).
+        mhc_streams: mHC's number of residual streams n (the paper's and the reference's 4).
     """
 
     dim: int = 256
@@ -126,6 +128,7 @@ class TrunkConfig:
     scaled_output_init: bool = False
     activation_checkpointing: bool = False
     recompute_norms: bool | Literal["auto"] = "auto"
+    mhc_streams: int = 4
 
     def __post_init__(self) -> None:
         """Refuses any out-of-range field in one line naming it (``BOUNDS``), then the names and cross-checks."""
@@ -156,7 +159,11 @@ class TrunkConfig:
     @property
     def scheme_options(self) -> SchemeOptions:
         return SchemeOptions(
-            self.mix_ratio, self.siamese_input_norm, self.siamese_depth_scaling, self.hybrid_depth_scaling
+            self.mix_ratio,
+            self.siamese_input_norm,
+            self.siamese_depth_scaling,
+            self.hybrid_depth_scaling,
+            mhc_streams=self.mhc_streams,
         )
 
     def to_dict(self) -> dict:

@@ -210,6 +210,11 @@ class Trunk(nn.Module):
             out = self.readout(state)
         return (out, aux) if return_aux else out
 
+    def init_state(self, h: Tensor) -> State:
+        """The residual state built from the embedding ``h``, ``(B, N, D)``: the first site's scheme builds it
+        (a multi-stream scheme knows its stream count from the trunk config)."""
+        return self.blocks[0].attn_res.init_state(h)
+
     def forward_state(
         self,
         h: Tensor,
@@ -219,7 +224,7 @@ class Trunk(nn.Module):
         skip_blocks: frozenset[int] = frozenset(),
     ) -> tuple[State, Tensor]:
         """The final residual state (before the readout) and the summed auxiliary loss."""
-        state = self.scheme.init_state(h)
+        state = self.init_state(h)
         aux = h.new_zeros((), dtype=torch.float32)
         for b, block in enumerate(self.blocks):
             if b in skip_blocks:

@@ -16,7 +16,7 @@ shows them whatever ``log_every_n_steps`` is), under these stable tags:
                                       the attention gain g of siamese_hybrid): how much each stream contributes
 
 Streams (:func:`stream_dict`): ``x`` for one stream, ``post``/``pre`` (SiameseNorm), ``post``/``delta``
-(ResiDual), ``h0``/``h1`` (Hyper-Connections).
+(ResiDual), ``h0``/``h1`` (Hyper-Connections), ``h0`` .. ``h{n-1}`` (mHC's n streams).
 
 Lightning 2.6 calls ``on_before_optimizer_step`` after backward (and after AMP unscaling) and only then
 runs ``configure_gradient_clipping`` (``Precision._after_closure``), so gradients read there are the

@@ -27,6 +27,7 @@ SCHEME_COLOURS: dict[str, str] = {
     "hybrid-depth-scaling": "#8c510a",  # dark brown: next to hybrid's orange in the ablation
     "siamese_hybrid-no-input-norm": "#17becf",  # cyan
     "siamese_hybrid-no-depth-scaling": "#e377c2",  # pink
+    "mhc": "#637939",  # dark olive: the Hyper-Connections family
 }
 EXTRA = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 

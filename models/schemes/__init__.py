@@ -1,6 +1,6 @@
 """Norm schemes: one registered class per normalization placement (equations: docs/schemes.md)."""
 
-from models.schemes import hyper, single_stream, two_stream  # noqa: F401  (registers every scheme)
+from models.schemes import hyper, mhc, single_stream, two_stream  # noqa: F401  (registers every scheme)
 from models.schemes.base import (
     SCHEMES,
     DualStream,

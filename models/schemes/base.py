@@ -40,6 +40,7 @@ class NormScheme(StrEnum):
     RESI_DUAL_HYBRID = "resi_dual_hybrid"
     SIAMESE = "siamese"
     SIAMESE_HYBRID = "siamese_hybrid"
+    MHC = "mhc"
 
 
 class TwoStream(NamedTuple):
@@ -77,12 +78,14 @@ class SchemeOptions:
         depth_scaling: SiameseNorm ablation: scale the X-stream update by ``1 / sqrt(2(b + 1))``.
         hybrid_depth_scaling: HybridNorm ablation (paper Table 3): scale its single stream's update by
             ``1 / sqrt(2(b + 1))``, the depth scaling SiameseNorm applies to its X stream.
+        mhc_streams: mHC's number of residual streams n.
     """
 
     mix_ratio: float = 0.25
     input_norm: bool = True
     depth_scaling: bool = True
     hybrid_depth_scaling: bool = False
+    mhc_streams: int = 4
 
 
 @dataclass(frozen=True)
@@ -154,9 +157,8 @@ class Scheme(nn.Module):
         #: there the non-affine norm's output is kept by modulate's multiply. Schemes with more set it True.
         self.recompute_wins = site.conditioned
 
-    @staticmethod
-    def init_state(h: Tensor) -> State:
-        """The residual state built from the embedding ``h``: a single stream by default."""
+    def init_state(self, h: Tensor) -> State:
+        """The residual state built from the embedding ``h`` (asked of the first site): one stream by default."""
         return h
 
     def prepare(self, state: State) -> tuple[Tensor, State]:

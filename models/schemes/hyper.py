@@ -1,4 +1,4 @@
-"""Hyper-Connections (Zhu et al., ICLR 2025), dynamic (DHC), expansion n = 2.
+"""Hyper-Connections (Zhu et al., ICLR 2025), dynamic (DHC), expansion n = 2, and the family's shared machinery.
 
 The residual state is ``H`` with n copies of the width-D stream per token, ``(B, N, n, D)``.
 Per sublayer k::
@@ -12,6 +12,10 @@ Per sublayer k::
 
 Init: ``A_m0 = e_(k mod n)``, ``A_r0 = I``, ``B0 = 1``, ``W_* = 0``, ``s_a = s_b = 0.01``; so at init
 sublayer k reads stream k mod n and adds its output to every stream.
+
+:class:`StreamConnections` is what every member of the family shares (mHC in :mod:`models.schemes.mhc` too):
+the n-stream state, the three connection products ``read`` / ``carry`` / ``write`` and the readout
+``N_f(sum_i H_i)``. A member only says how its per-token weights are made.
 """
 
 from __future__ import annotations
@@ -27,22 +31,54 @@ from models.schemes.readouts import HyperReadout
 EXPANSION = 2
 
 
-class _Pending(NamedTuple):
-    """What ``prepare`` computed that ``update`` needs: the streams and this token's A_r and B."""
+class Pending(NamedTuple):
+    """What ``prepare`` computed that ``update`` needs: the streams, this token's carry-over and write weights."""
 
     streams: Tensor  # (B, N, n, D)
-    depth_conn: Tensor  # A_r, (B, N, n, n)
-    write_conn: Tensor  # B, (B, N, n)
+    depth_conn: Tensor  # A_r (mHC: H_res), (B, N, n, n)
+    write_conn: Tensor  # B (mHC: H_post), (B, N, n)
 
 
-@register(NormScheme.HYPER)
-class HyperConnections(Scheme):
-    """Dynamic Hyper-Connections with n = 2 (equations in the module docstring)."""
+def read(weights: Tensor, streams: Tensor) -> Tensor:
+    """``A_m^T H = sum_i A_m[i] H_i``: the branch input, ``(B, N, n) x (B, N, n, D) -> (B, N, D)``."""
+    return torch.einsum("...i,...id->...d", weights, streams)
+
+
+def carry(matrix: Tensor, streams: Tensor) -> Tensor:
+    """``A_r^T H``: stream j receives ``sum_i A_r[i, j] H_i``, ``(B, N, n, n) x (B, N, n, D) -> (B, N, n, D)``."""
+    return torch.einsum("...ij,...id->...jd", matrix, streams)
+
+
+def write(weights: Tensor, out: Tensor) -> Tensor:
+    """``B^T o``: stream j receives ``B[j] o``, ``(B, N, n) x (B, N, D) -> (B, N, n, D)``."""
+    return weights.unsqueeze(-1) * out.unsqueeze(-2)
+
+
+class StreamConnections(Scheme):
+    """A Hyper-Connections-family site: n residual streams, read into one branch input and written back.
+
+    The state is n copies of the embedding, ``(B, N, n, D)``; the readout sums the streams and normalizes
+    (``N_f(sum_i H_i)``). Subclasses build their weights in ``prepare`` and combine ``read``, ``carry`` and
+    ``write`` in ``update``.
+    """
 
     readout = HyperReadout
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: Site, streams: int) -> None:
         super().__init__(site)
+        self.streams = streams
+        self.recompute_wins = True  # N(H) and A_m^T H are kept by the connection matmuls and N(h_in)
+
+    def init_state(self, h: Tensor) -> Tensor:
+        return torch.stack([h] * self.streams, dim=-2)  # (B, N, D) -> (B, N, n, D)
+
+
+@register(NormScheme.HYPER)
+class HyperConnections(StreamConnections):
+    """Dynamic Hyper-Connections with n = 2 (equations in the module docstring)."""
+
+    def __init__(self, site: Site) -> None:
+        super().__init__(site, EXPANSION)
         n, d = EXPANSION, site.dim
         self.norm_h = site.norm()  # N(H)
         self.norm_in = site.branch_norm()  # N(h_in)
@@ -54,20 +90,13 @@ class HyperConnections(Scheme):
         self.w_write = nn.Parameter(torch.zeros(d))  # W_b
         self.s_a = nn.Parameter(torch.tensor(0.01))
         self.s_b = nn.Parameter(torch.tensor(0.01))
-        self.recompute_wins = True  # N(H) and A_m^T H are kept by the connection matmuls and N(h_in)
 
-    @staticmethod
-    def init_state(h: Tensor) -> Tensor:
-        return torch.stack([h] * EXPANSION, dim=-2)  # (B, N, D) -> (B, N, n, D)
-
-    def prepare(self, streams: Tensor) -> tuple[Tensor, _Pending]:
+    def prepare(self, streams: Tensor) -> tuple[Tensor, Pending]:
         hn = self.norm_h(streams)
-        read = self.read_0 + self.s_a * torch.tanh(hn @ self.w_read)  # A_m: (B, N, n)
+        read_w = self.read_0 + self.s_a * torch.tanh(hn @ self.w_read)  # A_m: (B, N, n)
         depth = self.depth_0 + self.s_a * torch.tanh(hn @ self.w_depth)  # A_r: (B, N, n, n)
-        write = self.write_0 + self.s_b * torch.tanh(hn @ self.w_write)  # B: (B, N, n)
-        h_in = torch.einsum("...i,...id->...d", read, streams)  # A_m^T H: (B, N, D)
-        return self.norm_in(h_in), _Pending(streams, depth, write)
+        write_w = self.write_0 + self.s_b * torch.tanh(hn @ self.w_write)  # B: (B, N, n)
+        return self.norm_in(read(read_w, streams)), Pending(streams, depth, write_w)  # N(A_m^T H)
 
-    def update(self, pending: _Pending, out: Tensor) -> Tensor:
-        carried = torch.einsum("...ij,...id->...jd", pending.depth_conn, pending.streams)  # A_r^T H
-        return pending.write_conn.unsqueeze(-1) * out.unsqueeze(-2) + carried  # B^T o + A_r^T H
+    def update(self, pending: Pending, out: Tensor) -> Tensor:
+        return write(pending.write_conn, out) + carry(pending.depth_conn, pending.streams)  # B^T o + A_r^T H

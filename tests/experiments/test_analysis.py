@@ -70,7 +70,7 @@ def test_prune_table_one_row_per_block_and_baseline_is_the_runs_val_loss(run_dir
     with torch.no_grad():
         for batch in batches:
             x, y = batch[:, :-1], batch[:, 1:]
-            state = net.trunk.scheme.init_state(net.embed(x))
+            state = net.trunk.init_state(net.embed(x))
             for b in (0, 2):
                 state, _ = net.trunk.blocks[b](state, rope=(net.rope_cos, net.rope_sin), is_causal=True)
             logits = net.head(net.trunk.readout(state))

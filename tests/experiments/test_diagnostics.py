@@ -26,6 +26,7 @@ STREAMS = {
     "resi_dual_hybrid": ("hybrid", "delta"),
 }
 STREAMS["hyper"] = ("h0", "h1")
+STREAMS["mhc"] = ("h0", "h1", "h2", "h3")
 
 
 def tiny_trunk(scheme: str, **kw) -> TrunkConfig:
@@ -40,7 +41,7 @@ def hand_rms(t: Tensor) -> float:
 def hand_streams(state, scheme: str) -> dict[str, Tensor]:
     """The streams of a final state, picked by hand from the scheme's documented state layout."""
     names = STREAMS.get(scheme, ("x",))
-    if scheme == "hyper":
+    if scheme in ("hyper", "mhc"):
         return {n: state[:, :, i, :] for i, n in enumerate(names)}  # (B, N, n, D)
     if len(names) == 2:
         return {n: getattr(state, n) for n in names}

@@ -30,6 +30,7 @@ CASES: dict[str, tuple[list, list]] = {
     "moe_hidden": ([0, -1, 8.0], [None, 1, 256]),
     "mix_ratio": ([-0.25, 1.01, math.nan], [0.0, 0.25, 1.0]),
     "init_std": ([0.0, -0.02, math.inf], [1e-4, 0.02]),
+    "mhc_streams": ([0, -1, 2.5, True], [1, 4]),
 }
 BASE = dict(dim=16, depth=2, num_heads=2)
 

@@ -170,7 +170,7 @@ def test_auto_recomputes_exactly_where_it_keeps_a_tensor_less(scheme, norm_layer
     activation = B * N * D * 4
     h = torch.randn(B, N, D, requires_grad=True)
     cond = torch.randn(B, D) if conditioned else None
-    state = trunk.scheme.init_state(h * 1.0)  # the streams are their own tensors, as inside the trunk
+    state = trunk.init_state(h * 1.0)  # the streams are their own tensors, as inside the trunk
     for blk in trunk.blocks:
         mods = blk.adaLN(cond) if conditioned else (None,) * 6
         for sublayer, (site, shift, scale) in enumerate([(blk.attn_res, *mods[:2]), (blk.mlp_res, *mods[3:5])]):

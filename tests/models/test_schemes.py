@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from models import Trunk, TrunkConfig
 from models.schemes import SCHEMES, NormScheme, get_scheme
 from tests.models import reference as ref
+from tests.models.reference_mhc import ref_mhc
 
 D, L, HEADS, HIDDEN = 16, 3, 2, 24
 BATCH, TOKENS = 2, 5
@@ -250,6 +251,7 @@ REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
     NormScheme.HYPER: ref_hyper,
     NormScheme.SIAMESE: ref_siamese,
     NormScheme.SIAMESE_HYBRID: ref_siamese_hybrid,
+    NormScheme.MHC: ref_mhc,
 }
 
 

@@ -32,10 +32,15 @@ def legitimately_zero_at_init(name: str, scheme: str) -> bool:
       and softmax is shift invariant.
     * Hyper-Connections: with ``W_* = 0``, ``tanh(Hn W) = 0`` so ``s_a``/``s_b`` multiply zero, and
       ``N(H)``'s scale and shift only reach the output through ``Hn W``.
+    * mHC: the same for ``s_pre``/``s_res``/``s_post`` and ``N(x_i)``; and its n streams stay identical copies
+      at init (every stream gets the same ``H_post o``, ``Sinkhorn(I)`` is symmetric), so ``H_res``, a doubly
+      stochastic mix of copies, leaves them unchanged whatever it is: ``B_res`` and ``W_res`` get no gradient.
     """
     if name.endswith("k_norm.bias"):
         return True
     leaf = name.rsplit(".", 1)[-1]
+    if scheme == "mhc":
+        return leaf in ("s_pre", "s_res", "s_post", "depth_0", "w_depth") or ".norm_h." in name
     return scheme == "hyper" and (leaf in ("s_a", "s_b") or ".norm_h." in name)
 
 
