@@ -74,6 +74,8 @@ if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
 def __getattr__(name: str):
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
+    if f"datamodules.{name}" in MOVED:  # a class_path of the old layout: say where the module went
+        raise AttributeError(f"datamodules.{name} moved to {MOVED[f'datamodules.{name}']}")
     raise AttributeError(f"module 'datamodules' has no attribute {name!r}")
 
 
