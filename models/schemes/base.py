@@ -23,7 +23,7 @@ from typing import ClassVar, Literal, NamedTuple
 
 from torch import Tensor, nn
 
-from models.norms import build_norm
+from models.norms import DyTInit, build_norm
 
 
 class NormScheme(StrEnum):
@@ -40,6 +40,8 @@ class NormScheme(StrEnum):
     RESI_DUAL_HYBRID = "resi_dual_hybrid"
     SIAMESE = "siamese"
     SIAMESE_HYBRID = "siamese_hybrid"
+    LNS = "lns"
+    REORDERED = "reordered"
 
 
 class TwoStream(NamedTuple):
@@ -94,10 +96,11 @@ class Site:
         index: 0-based sublayer index s (``2 * depth`` for the readout).
         depth: number of blocks L.
         kind: "attn", "mlp" or "readout".
-        norm_layer: "layernorm" or "rmsnorm".
+        norm_layer: "layernorm", "rmsnorm" or "dyt".
         norm_eps: epsilon of every norm.
         conditioned: adaLN-Zero mode (DiT): branch inputs go through a non-affine norm + modulate.
         options: scheme-specific switches.
+        dyt: how this site's norms start when they are DyT (alpha per site kind: ``TrunkConfig.dyt_init``).
     """
 
     dim: int
@@ -108,6 +111,7 @@ class Site:
     norm_eps: float = 1e-6
     conditioned: bool = False
     options: SchemeOptions = SchemeOptions()
+    dyt: DyTInit = DyTInit()
 
     @property
     def block(self) -> int:
@@ -121,17 +125,17 @@ class Site:
 
     def norm(self) -> nn.Module:
         """A fresh affine norm N(.)."""
-        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=True)
+        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=True, dyt=self.dyt)
 
     def branch_norm(self) -> nn.Module:
         """The scheme's own branch-input norm; conditioned mode replaces it by a non-affine one."""
-        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=not self.conditioned)
+        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=not self.conditioned, dyt=self.dyt)
 
     def cond_norm(self) -> nn.Module:
         """For schemes without a branch-input norm: identity, or the non-affine norm adaLN needs."""
         if not self.conditioned:
             return nn.Identity()
-        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=False)
+        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=False, dyt=self.dyt)
 
 
 class Scheme(nn.Module):
