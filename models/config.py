@@ -6,11 +6,12 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
-from models.norms import get_norm_layer
+from models.norms import DYT_ALPHA_INIT, DyTInit, get_norm_layer
 from models.schemes import SchemeOptions, get_scheme
 
 MLP_KINDS = ("gelu", "gelu_tanh", "swiglu")
 INIT_KINDS = ("trunc_normal", "normal", "xavier")
+QK_NORM_SCOPES = ("per_head", "full")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ BOUNDS: dict[str, Bound] = {
     "mix_ratio": Bound(0, 1),
     "init_std": Bound(0, low_open=True),
     "mhc_streams": Bound(1, integer=True),
+    "dyt_alpha_init": Bound(0, low_open=True),
+    "dyt_alpha_init_attn": Bound(0, low_open=True, optional=True),
+    "dyt_alpha_init_mlp": Bound(0, low_open=True, optional=True),
+    "dyt_alpha_init_final": Bound(0, low_open=True, optional=True),
 }
 
 
@@ -75,11 +80,14 @@ class TrunkConfig:
         mlp: "gelu" (ViT), "gelu_tanh" (DiT) or "swiglu" (LM).
         mlp_hidden: feed-forward hidden size; None means ``4 * dim``.
         norm_scheme: where the norms sit; one of :class:`models.schemes.NormScheme`.
-        norm_layer: "layernorm" or "rmsnorm".
+        norm_layer: "layernorm", "rmsnorm" or "dyt" (Dynamic Tanh, :class:`models.norms.DyT`: no epsilon).
         norm_eps: epsilon of every norm.
         mlp_norm_eps: epsilon of the MLP sublayer's norms only; None means ``norm_eps`` (diffusers' DiT
             uses 1e-5 there and 1e-6 elsewhere).
-        qk_norm: per-head QK-norm in attention (independent of the scheme).
+        qk_norm: QK-norm in attention (independent of the scheme).
+        qk_norm_scope: "per_head" (a norm of width D/H on each head's q and k: the official SiameseNorm code) or
+            "full" (OLMo 2: one norm of width D over all heads' q, one over all heads' k, before the head split).
+            Schemes that normalize Q, K and V per head themselves (HybridNorm's) keep theirs either way.
         bias: biases in attention and MLP projections.
         drop_path: stochastic-depth rate, linearly increasing over blocks up to this value.
         attn_drop: attention-weight dropout.
@@ -94,6 +102,18 @@ class TrunkConfig:
         init: Linear-weight init: "trunc_normal" (timm ViT), "normal" (GPT) or "xavier" (DiT).
         init_std: std of the normal inits.
         scaled_output_init: divide the std of residual output projections by ``sqrt(2 L)`` (GPT-2).
+        dyt_alpha_init: DyT's alpha at init (reference ``alpha_init_value`` 0.5), for every DyT the three below
+            do not set, QK-norm included.
+        dyt_alpha_init_attn: alpha at init of the attention sublayers' norms (DyT's LLaMA port:
+            ``attn_alpha_init_value``); None means ``dyt_alpha_init``.
+        dyt_alpha_init_mlp: the same for the MLP sublayers' norms (``ffn_alpha_init_value``).
+        dyt_alpha_init_final: the same for the readout's norms (``dec_alpha_init_value``).
+        dyt_bias: DyT's shift; false is the LLaMA port's ``weight * tanh(alpha x)``.
+        learned_embed_scale: language models only: multiply the token embedding by a learnable scalar that
+            starts at ``sqrt(dim)`` (DyT's LLaMA port, ``shared_scale``).
+        adaln_zero_init: conditioned (DiT) trunks only: start every adaLN modulation and the final linear at zero;
+            false keeps them at the init every other Linear gets, zero biases (DyT's DiT port deletes those
+            zeroing lines).
         activation_checkpointing: recompute each block in backward to save memory.
         recompute_norms: recompute each sublayer's prologue (the scheme's norms and element-wise ops up to the
             branch input; the readout too) in backward instead of keeping it, as :mod:`models.recompute`
@@ -126,6 +146,14 @@ class TrunkConfig:
     init: str = "trunc_normal"
     init_std: float = 0.02
     scaled_output_init: bool = False
+    qk_norm_scope: str = "per_head"
+    dyt_alpha_init: float = DYT_ALPHA_INIT
+    dyt_alpha_init_attn: float | None = None
+    dyt_alpha_init_mlp: float | None = None
+    dyt_alpha_init_final: float | None = None
+    dyt_bias: bool = True
+    learned_embed_scale: bool = False
+    adaln_zero_init: bool = True
     activation_checkpointing: bool = False
     recompute_norms: bool | Literal["auto"] = "auto"
     mhc_streams: int = 4
@@ -144,6 +172,8 @@ class TrunkConfig:
             raise ValueError(f"unknown mlp {self.mlp!r}; valid: {', '.join(MLP_KINDS)}")
         if self.init not in INIT_KINDS:
             raise ValueError(f"unknown init {self.init!r}; valid: {', '.join(INIT_KINDS)}")
+        if self.qk_norm_scope not in QK_NORM_SCOPES:
+            raise ValueError(f"unknown qk_norm_scope {self.qk_norm_scope!r}; valid: {', '.join(QK_NORM_SCOPES)}")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
             raise ValueError(f"trunk moe_top_k {self.moe_top_k} must be in [1, moe_experts={self.moe_experts}]")
         if not (isinstance(self.recompute_norms, bool) or self.recompute_norms == "auto"):
@@ -165,6 +195,17 @@ class TrunkConfig:
             self.hybrid_depth_scaling,
             mhc_streams=self.mhc_streams,
         )
+
+    def dyt_init(self, kind: str) -> DyTInit:
+        """How a DyT norm at a site of ``kind`` ("attn", "mlp", "readout"; anything else, e.g. "qk": the base
+        value) starts."""
+        per_site = {
+            "attn": self.dyt_alpha_init_attn,
+            "mlp": self.dyt_alpha_init_mlp,
+            "readout": self.dyt_alpha_init_final,
+        }
+        alpha = per_site.get(kind)
+        return DyTInit(self.dyt_alpha_init if alpha is None else alpha, self.dyt_bias)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -44,6 +44,8 @@ class DiT(nn.Module):
         timestep_freq_shift: int = 0,
     ) -> None:
         super().__init__()
+        if trunk.learned_embed_scale:
+            raise ValueError("trunk learned_embed_scale is a language-model option; a DiT has no token embedding")
         if input_size % patch_size:
             raise ValueError(f"input_size {input_size} is not divisible by patch_size {patch_size}")
         self.cfg, self.num_classes = trunk, num_classes
@@ -68,6 +70,10 @@ class DiT(nn.Module):
         PyTorch's default bias init would leave them uniform(+-1/sqrt(fan_in)). The trunk's Linears
         (attention, MLP, adaLN) are initialized by the trunk (``init="xavier"`` in DiT configs, adaLN
         zeroed); the positional embedding is the fixed 2-D sin-cos table (a buffer).
+
+        ``trunk.adaln_zero_init=False`` is DyT's DiT port, which deletes the official lines that zero the blocks'
+        and the final layer's adaLN modulation and the final linear: those keep ``_basic_init``'s xavier-uniform
+        weights and zero biases.
         """
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # patch embed like a Linear
@@ -76,10 +82,12 @@ class DiT(nn.Module):
         for linear in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
             nn.init.normal_(linear.weight, std=0.02)
             nn.init.zeros_(linear.bias)
-        nn.init.zeros_(self.final_adaLN.net[1].weight)  # AdaLNZero zeroes itself; restated as official does
-        nn.init.zeros_(self.final_adaLN.net[1].bias)
-        nn.init.zeros_(self.final_linear.weight)  # zero output at init: the model starts predicting zero noise
-        nn.init.zeros_(self.final_linear.bias)
+        for linear in (self.final_adaLN.net[1], self.final_linear):
+            if self.cfg.adaln_zero_init:  # zero output at init: the model starts predicting zero noise
+                nn.init.zeros_(linear.weight)  # (AdaLNZero zeroes itself; restated as official does)
+            else:
+                nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
 
     def unpatchify(self, x: Tensor) -> Tensor:
         """``(B, T, p*p*C) -> (B, C, H, W)``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -15,6 +16,9 @@ from models.trunk import Trunk
 
 class LanguageModel(nn.Module):
     """A decoder-only transformer over the shared trunk.
+
+    ``trunk.learned_embed_scale`` multiplies the token embedding by a learnable scalar that starts at ``sqrt(D)``
+    (DyT's LLaMA port: ``x = shared(ids) * shared_scale``, ``shared_scale`` filled with ``sqrt(emb_dim)``).
 
     Args:
         trunk: trunk shape and norm scheme (``mlp="swiglu"``, ``moe_experts > 0`` for MoE).
@@ -37,6 +41,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
         self.cfg, self.vocab_size, self.max_seq_len, self.rope_base = trunk, vocab_size, max_seq_len, rope_base
         self.embed = nn.Embedding(vocab_size, trunk.dim)
+        self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(trunk.dim))) if trunk.learned_embed_scale else None
         self.trunk = Trunk(trunk)
         self.head = nn.Linear(trunk.dim, vocab_size, bias=False)
         if tie_embeddings:
@@ -60,8 +65,9 @@ class LanguageModel(nn.Module):
         """Trunk output ``(B, N, D)`` and the auxiliary loss."""
         if idx.shape[1] > self.max_seq_len:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len {self.max_seq_len}")
+        h = self.embed(idx) if self.embed_scale is None else self.embed(idx) * self.embed_scale  # (B, N, D)
         return self.trunk(
-            self.embed(idx),
+            h,
             rope=(self.rope_cos, self.rope_sin),
             is_causal=True,
             return_aux=True,

@@ -1,15 +1,19 @@
-"""Normalization layers by name: ``layernorm`` | ``rmsnorm`` (timm-style string-or-class factory).
+"""Normalization layers by name: ``layernorm`` | ``rmsnorm`` | ``dyt`` (timm-style string-or-class factory).
 
 ``rmsnorm`` is :class:`RMSNorm`: ``nn.RMSNorm`` with the same parameters and forward bits, whose CPU
 float backward keeps only its input and the per-row ``1 / rms`` (as LayerNorm's fused kernel does). Torch's
 CPU ``rms_norm`` is composite: autograd keeps the input, the normalized copy and every intermediate, and
 runs about fifteen element-wise passes in backward, which made each RMSNorm ~5x the cost of a LayerNorm.
+
+``dyt`` is :class:`DyT`, Dynamic Tanh: an element-wise ``weight * tanh(alpha * x) + bias`` that takes a norm's
+place without normalizing anything (no mean, no variance, no epsilon).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -23,6 +27,7 @@ class NormLayer(StrEnum):
 
     LAYERNORM = "layernorm"
     RMSNORM = "rmsnorm"
+    DYT = "dyt"
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -77,16 +82,72 @@ class RMSNorm(nn.RMSNorm):
         return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
+#: DyT's ``alpha_init_value`` in the reference code (``dynamic_tanh.py``).
+DYT_ALPHA_INIT = 0.5
+
+
+@dataclass(frozen=True)
+class DyTInit:
+    """How one DyT layer starts: alpha's value and whether it has a shift (read only when the layer is DyT)."""
+
+    alpha: float = DYT_ALPHA_INIT
+    bias: bool = True
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu et al., "Transformers without Normalization", CVPR 2025)::
+
+        DyT(x) = weight * tanh(alpha * x) + bias        alpha: one learnable scalar; weight, bias: (D,)
+
+    The reference ``DynamicTanh`` (jiachenzhu/DyT, ``dynamic_tanh.py``): alpha starts at ``alpha_init_value`` 0.5,
+    weight at 1, bias at 0; its DiT port's non-affine form (for adaLN) is ``tanh(alpha * x)`` with alpha still
+    learnable; its LLaMA port's form (it replaces RMSNorm, which has no shift) is ``weight * tanh(alpha * x)``.
+    The same parameter names as the reference, so its state dicts load.
+
+    Args:
+        dim: width D of the last dimension.
+        eps: ignored (DyT has no epsilon); accepted so every norm layer builds with the same call.
+        elementwise_affine: weight (and bias); without, ``tanh(alpha * x)``.
+        bias: the shift; False gives the LLaMA port's ``weight * tanh(alpha * x)``.
+        alpha_init: alpha's initial value.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        alpha_init: float = DYT_ALPHA_INIT,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = (dim,)
+        self.alpha_init = alpha_init
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if elementwise_affine and bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.tanh(self.alpha * x)
+        if self.weight is not None:
+            y = y * self.weight
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape[0]}, alpha_init={self.alpha_init}, affine={self.weight is not None}"
+
+
 _NORM_CLASSES: dict[NormLayer, type[nn.Module]] = {
     NormLayer.LAYERNORM: nn.LayerNorm,
     NormLayer.RMSNORM: RMSNorm,
+    NormLayer.DYT: DyT,
 }
 
 NormFactory = Callable[..., nn.Module]
 
 
 def get_norm_layer(norm: str | type[nn.Module] | functools.partial) -> NormFactory:
-    """Resolves ``"layernorm"``/``"rmsnorm"``, a class, or a partial into a factory ``f(dim, eps=, ...)``.
+    """Resolves ``"layernorm"``/``"rmsnorm"``/``"dyt"``, a class, or a partial into a factory ``f(dim, eps=, ...)``.
 
     Raises:
         ValueError: for an unknown name, listing the valid ones.
@@ -102,6 +163,16 @@ def get_norm_layer(norm: str | type[nn.Module] | functools.partial) -> NormFacto
     raise TypeError(f"norm_layer must be a name, a class or a partial, got {type(norm).__name__}")
 
 
-def build_norm(norm: str | type[nn.Module] | functools.partial, dim: int, eps: float, affine: bool = True) -> nn.Module:
-    """One fresh norm instance over the last dimension (``affine=False`` drops weight and bias)."""
-    return get_norm_layer(norm)(dim, eps=eps, elementwise_affine=affine)
+def build_norm(
+    norm: str | type[nn.Module] | functools.partial,
+    dim: int,
+    eps: float,
+    affine: bool = True,
+    dyt: DyTInit = DyTInit(),
+) -> nn.Module:
+    """One fresh norm instance over the last dimension (``affine=False`` drops weight and bias; ``dyt`` is read
+    only when the layer is :class:`DyT`)."""
+    factory = get_norm_layer(norm)
+    if factory is DyT:
+        return DyT(dim, elementwise_affine=affine, bias=dyt.bias, alpha_init=dyt.alpha)
+    return factory(dim, eps=eps, elementwise_affine=affine)

@@ -60,7 +60,8 @@ class Block(nn.Module):
 
         def site(s: int, kind: str) -> Site:
             eps = cfg.mlp_norm_eps if kind == "mlp" and cfg.mlp_norm_eps is not None else cfg.norm_eps
-            return Site(cfg.dim, s, cfg.depth, kind, cfg.norm_layer, eps, conditioned, cfg.scheme_options)
+            opts = cfg.scheme_options
+            return Site(cfg.dim, s, cfg.depth, kind, cfg.norm_layer, eps, conditioned, opts, cfg.dyt_init(kind))
 
         self.attn_res: Scheme = scheme(site(2 * index, "attn"))
         self.attn = Attention(
@@ -72,6 +73,8 @@ class Block(nn.Module):
             cfg.norm_layer,
             cfg.norm_eps,
             cfg.attn_drop,
+            cfg.qk_norm_scope,
+            cfg.dyt_init("qk"),
         )
         self.mlp_res: Scheme = scheme(site(2 * index + 1, "mlp"))
         self.mlp = build_ffn(cfg)
@@ -120,6 +123,8 @@ class Trunk(nn.Module):
 
     def __init__(self, cfg: TrunkConfig, conditioned: bool = False) -> None:
         super().__init__()
+        if not (cfg.adaln_zero_init or conditioned):
+            raise ValueError("trunk adaln_zero_init=false needs a conditioned (DiT) trunk; this one has no adaLN")
         self.cfg, self.conditioned = cfg, conditioned
         self.scheme = get_scheme(cfg.norm_scheme)
         rates = [cfg.drop_path * b / max(cfg.depth - 1, 1) for b in range(cfg.depth)]  # grows with depth
@@ -133,6 +138,7 @@ class Trunk(nn.Module):
             cfg.norm_eps,
             conditioned,
             cfg.scheme_options,
+            cfg.dyt_init("readout"),
         )
         self.readout = self.scheme.readout(readout_site)
         self.recompute_readout = recompute_site(cfg, self.readout)
@@ -145,7 +151,8 @@ class Trunk(nn.Module):
         1. Linear weights: trunc-normal / normal with ``init_std``, or xavier-uniform; biases zero.
         2. GPT-2 recipe (``scaled_output_init``): residual output projections get ``std / sqrt(2L)``.
         3. The scheme's branch gain (DeepNorm's beta) scales value, attention-output and MLP weights.
-        4. Norm scales start at 1 and shifts at 0 (their own defaults); adaLN-Zero layers stay zero.
+        4. Norm scales start at 1 and shifts at 0 (their own defaults; DyT's alpha at its site's value);
+           adaLN-Zero layers start at zero, or (``adaln_zero_init=False``, DyT's DiT port) keep step 1's init.
         """
         cfg = self.cfg
 
@@ -178,7 +185,7 @@ class Trunk(nn.Module):
             else:
                 ffn.fc1.weight.mul_(gain)
                 ffn.fc2.weight.mul_(out_gain)
-            if block.adaLN is not None:
+            if block.adaLN is not None and cfg.adaln_zero_init:
                 nn.init.zeros_(block.adaLN.net[1].weight)
                 nn.init.zeros_(block.adaLN.net[1].bias)
 

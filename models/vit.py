@@ -32,6 +32,8 @@ class ViTClassifier(nn.Module):
         drop_rate: float = 0.0,
     ) -> None:
         super().__init__()
+        if trunk.learned_embed_scale:
+            raise ValueError("trunk learned_embed_scale is a language-model option; a ViT has no token embedding")
         if img_size % patch_size:
             raise ValueError(f"img_size {img_size} is not divisible by patch_size {patch_size}")
         self.cfg, self.num_classes = trunk, num_classes

@@ -3,6 +3,7 @@
     python -m experiments bench                                  # lm, vit, dit at tiny size, every scheme
     python -m experiments bench --task lm --size small --schemes pre,siamese --steps 30 --bf16
     python -m experiments bench --task lm --schemes pre,siamese,siamese@off   # recomputed norms on / off
+    python -m experiments bench --task lm --schemes pre,pre:dyt,siamese:dyt   # another norm layer (DyT)
     python -m experiments bench --scaling                        # overhead vs width and depth (scaling.md/png)
 
 Method (timings on a shared machine are noisy, so every number is relative and robust):

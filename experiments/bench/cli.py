@@ -18,18 +18,23 @@ from experiments.bench.report import Row, machine_info, write_report
 from experiments.bench.run import RECOMPUTE_LABELS, RunSpec, bench_tasks
 from experiments.bench.scaling import ScalingRow, bench_scaling, scaling_workloads, write_scaling
 from experiments.bench.workloads import SIZES, TASKS, Workload
+from models.norms import NormLayer
 from models.schemes import NormScheme
 
 
 def parse_schemes(text: str) -> list[str]:
     """``"all"`` or a comma list; repeats get ``#2``, ``#3`` so ``pre,pre`` measures noise. A scheme may carry
-    ``@on`` / ``@off`` / ``@auto`` (its ``recompute_norms``): ``siamese,siamese@off`` measures recomputation."""
+    ``:<norm_layer>`` (``pre:dyt``: every norm DyT) and ``@on`` / ``@off`` / ``@auto`` (its ``recompute_norms``):
+    ``siamese,siamese@off`` measures recomputation."""
     names = [s.value for s in NormScheme] if text == "all" else [s.strip() for s in text.split(",") if s.strip()]
     valid = {s.value for s in NormScheme}
     for s in names:
-        scheme, at, recompute = s.partition("@")
+        base, at, recompute = s.partition("@")
+        scheme, colon, layer = base.partition(":")
         if scheme not in valid:
             raise SystemExit(f"error: unknown scheme {scheme!r}; valid: all, {', '.join(sorted(valid))}")
+        if colon and layer not in {n.value for n in NormLayer}:
+            raise SystemExit(f"error: unknown norm layer in {s!r}; valid: {', '.join(n.value for n in NormLayer)}")
         if at and recompute not in RECOMPUTE_LABELS:
             raise SystemExit(f"error: unknown recompute suffix {s!r}; valid: {scheme}@on, {scheme}@off, {scheme}@auto")
     seen: dict[str, int] = {}

@@ -41,12 +41,15 @@ RECOMPUTE_LABELS: dict[str, bool | str] = {"on": True, "off": False, "auto": "au
 
 
 def build_candidate(w: Workload, label: str, spec: RunSpec, opts: Options) -> Candidate:
-    """Our network for a scheme label: ``scheme[@on|@off|@auto][#k]`` (recompute_norms; a repeat index)."""
-    scheme, _, recompute = label.split("#")[0].partition("@")
+    """Our network for a scheme label: ``scheme[:norm_layer][@on|@off|@auto][#k]`` (the norm layer instead of the
+    workload's; recompute_norms; a repeat index)."""
+    base, _, recompute = label.split("#")[0].partition("@")
+    scheme, _, layer = base.partition(":")
     rc = RECOMPUTE_LABELS[recompute] if recompute else spec.recompute_norms
+    overrides = {"norm_layer": layer} if layer else {}
     torch.manual_seed(spec.seed)  # same draws wherever two schemes share a structure
     with opts.device:  # built in place: no host-side init of large models
-        model = build_ours(w, scheme, activation_checkpointing=opts.checkpointing, recompute_norms=rc)
+        model = build_ours(w, scheme, activation_checkpointing=opts.checkpointing, recompute_norms=rc, **overrides)
     return Candidate(label, model, OUR_LOSS[w.task], make_batch(w, opts.device, spec.seed), opts)
 
 

@@ -14,9 +14,12 @@ shows them whatever ``log_every_n_steps`` is), under these stable tags:
     diag/scale/<norm>                 mean |weight| of a readout norm (SiameseNorm N_a, N_b, N_o; ResiDual N_d)
     diag/scale/<norm>/sublayer_<s>    mean |weight| of a residual site's norm (SiameseNorm N_X, N_Y, N_in, and
                                       the attention gain g of siamese_hybrid): how much each stream contributes
+    diag/alpha/<norm>                 DyT norms (``norm_layer: dyt``): the learned alpha of a readout norm, and
+    diag/alpha/<norm>/sublayer_<s>    of a residual site's norm (affine or not: adaLN's DyT learns alpha too)
 
-Streams (:func:`stream_dict`): ``x`` for one stream, ``post``/``pre`` (SiameseNorm), ``post``/``delta``
-(ResiDual), ``h0``/``h1`` (Hyper-Connections), ``h0`` .. ``h{n-1}`` (mHC's n streams).
+Streams (:func:`stream_dict`): ``x`` for one stream (Pre-, Post-, Peri-Norm, DeepNorm, Mix-LN, HybridNorm,
+LayerNorm Scaling, the reordered norm), ``post``/``pre`` (SiameseNorm), ``post``/``delta`` (ResiDual),
+``h0``/``h1`` (Hyper-Connections), ``h0`` .. ``h{n-1}`` (mHC's n streams).
 
 Lightning 2.6 calls ``on_before_optimizer_step`` after backward (and after AMP unscaling) and only then
 runs ``configure_gradient_clipping`` (``Precision._after_closure``), so gradients read there are the
@@ -32,6 +35,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from models.norms import DyT
 from models.schemes import State
 from models.trunk import Trunk
 
@@ -71,26 +75,29 @@ def grad_norms(trunk: Trunk, params: list[nn.Parameter]) -> dict[str, Tensor]:
     return out
 
 
-def _affine_weight(module: nn.Module) -> Tensor | None:
-    if isinstance(module, nn.LayerNorm | nn.RMSNorm) and module.weight is not None:
-        return module.weight
-    return None
+def _norm_stats(module: nn.Module) -> dict[str, Tensor]:
+    """``{"scale": mean |weight|}`` of an affine norm, and DyT's ``{"alpha": alpha}`` (affine or not)."""
+    out = {}
+    if isinstance(module, nn.LayerNorm | nn.RMSNorm | DyT) and module.weight is not None:
+        out["scale"] = module.weight.abs().mean()
+    if isinstance(module, DyT):
+        out["alpha"] = module.alpha.reshape(())
+    return out
 
 
 @torch.no_grad()
 def norm_scales(trunk: Trunk) -> dict[str, Tensor]:
-    """Mean |weight| of every affine norm of the readout and of each residual site (+ siamese_hybrid's g)."""
+    """Mean |weight| of every affine norm of the readout and of each residual site (+ siamese_hybrid's g), and
+    every DyT norm's alpha there."""
     out = {}
     for name, module in trunk.readout.named_children():
-        weight = _affine_weight(module)
-        if weight is not None:
-            out[f"diag/scale/{name}"] = weight.abs().mean()
+        for stat, value in _norm_stats(module).items():
+            out[f"diag/{stat}/{name}"] = value
     for b, block in enumerate(trunk.blocks):
         for s, site in ((2 * b, block.attn_res), (2 * b + 1, block.mlp_res)):
             for name, module in site.named_modules():
-                weight = _affine_weight(module)
-                if weight is not None:  # Mix-LN nests its site as ``inner``: keep the leaf name
-                    out[f"diag/scale/{name.rsplit('.', 1)[-1]}/sublayer_{s}"] = weight.abs().mean()
+                for stat, value in _norm_stats(module).items():  # Mix-LN nests its site as ``inner``: the leaf name
+                    out[f"diag/{stat}/{name.rsplit('.', 1)[-1]}/sublayer_{s}"] = value
             gain = getattr(site, "gain", None)  # siamese_hybrid: h = g * x + N_Y(y) at attention
             if isinstance(gain, Tensor):
                 out[f"diag/scale/gain/sublayer_{s}"] = gain.abs().mean()

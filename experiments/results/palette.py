@@ -28,6 +28,13 @@ SCHEME_COLOURS: dict[str, str] = {
     "siamese_hybrid-no-input-norm": "#17becf",  # cyan
     "siamese_hybrid-no-depth-scaling": "#e377c2",  # pink
     "mhc": "#637939",  # dark olive: the Hyper-Connections family
+    "lns": "#b15928",  # rust
+    "reordered": "#6a3d9a",  # deep violet
+    "dyt": "#8dd3c7",  # pale teal
+    "dyt-llama": "#bebada",  # pale lavender
+    "dyt-dit": "#fb8072",  # salmon
+    "pre-dyt-llama": "#08306b",  # navy: pre's blue, darker
+    "siamese-dyt-llama": "#00441b",  # dark green: siamese's green, darker
 }
 EXTRA = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.norms import build_norm
+from models.norms import DyTInit, build_norm
 
 
 def rope_tables(seq_len: int, head_dim: int, base: float = 10000.0, device=None) -> tuple[Tensor, Tensor]:
@@ -31,11 +31,14 @@ class Attention(nn.Module):
         dim: model width D.
         num_heads: H; must divide D.
         bias: biases on the QKV and output projections.
-        qk_norm: normalize Q and K per head after projection.
-        qkv_norm: normalize Q, K and V per head after projection (HybridNorm).
-        norm_layer: "layernorm" or "rmsnorm" for those per-head norms.
+        qk_norm: normalize Q and K after projection.
+        qkv_norm: normalize Q, K and V per head after projection (HybridNorm); takes precedence over ``qk_norm``.
+        norm_layer: "layernorm", "rmsnorm" or "dyt" for those norms.
         norm_eps: their epsilon.
         attn_drop: dropout on attention weights (training only).
+        qk_norm_scope: "per_head" (width D/H, on each head) or "full" (OLMo 2's ``Olmo2Attention``: width D, on
+            all heads' q, and on all heads' k, as one vector each before the head split).
+        dyt: how those norms start when they are DyT (None: DyT's defaults).
     """
 
     def __init__(
@@ -48,6 +51,8 @@ class Attention(nn.Module):
         norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
         attn_drop: float = 0.0,
+        qk_norm_scope: str = "per_head",
+        dyt: DyTInit | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -55,17 +60,26 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.attn_drop = attn_drop
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
-        per_head = qk_norm or qkv_norm
-        self.q_norm = build_norm(norm_layer, self.head_dim, norm_eps) if per_head else nn.Identity()
-        self.k_norm = build_norm(norm_layer, self.head_dim, norm_eps) if per_head else nn.Identity()
-        self.v_norm = build_norm(norm_layer, self.head_dim, norm_eps) if qkv_norm else nn.Identity()
+        self.full_qk_norm = qk_norm and qk_norm_scope == "full" and not qkv_norm
+        qk_width = dim if self.full_qk_norm else self.head_dim
+
+        def norm(width: int, wanted: bool) -> nn.Module:
+            return build_norm(norm_layer, width, norm_eps, dyt=dyt or DyTInit()) if wanted else nn.Identity()
+
+        self.q_norm = norm(qk_width, qk_norm or qkv_norm)
+        self.k_norm = norm(qk_width, qk_norm or qkv_norm)
+        self.v_norm = norm(self.head_dim, qkv_norm)
         self.proj = nn.Linear(dim, dim, bias=bias)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, is_causal: bool = False) -> Tensor:
         B, N, D = x.shape
-        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # (B, H, N, Dh) each
-        q, k, v = self.q_norm(q), self.k_norm(k), self.v_norm(v)
+        q, k, v = self.qkv(x).view(B, N, 3, D).unbind(2)  # (B, N, D) each
+        if self.full_qk_norm:  # one vector of all heads' q (k), normalized before the head split
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.view(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, N, Dh)
+        if not self.full_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        v = self.v_norm(v)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         dropout = self.attn_drop if self.training else 0.0

@@ -23,7 +23,7 @@ from typing import ClassVar, Literal, NamedTuple
 
 from torch import Tensor, nn
 
-from models.norms import build_norm
+from models.norms import DyTInit, build_norm
 
 
 class NormScheme(StrEnum):
@@ -41,6 +41,8 @@ class NormScheme(StrEnum):
     SIAMESE = "siamese"
     SIAMESE_HYBRID = "siamese_hybrid"
     MHC = "mhc"
+    LNS = "lns"
+    REORDERED = "reordered"
 
 
 class TwoStream(NamedTuple):
@@ -97,10 +99,11 @@ class Site:
         index: 0-based sublayer index s (``2 * depth`` for the readout).
         depth: number of blocks L.
         kind: "attn", "mlp" or "readout".
-        norm_layer: "layernorm" or "rmsnorm".
+        norm_layer: "layernorm", "rmsnorm" or "dyt".
         norm_eps: epsilon of every norm.
         conditioned: adaLN-Zero mode (DiT): branch inputs go through a non-affine norm + modulate.
         options: scheme-specific switches.
+        dyt: how this site's norms start when they are DyT (alpha per site kind: ``TrunkConfig.dyt_init``).
     """
 
     dim: int
@@ -111,6 +114,7 @@ class Site:
     norm_eps: float = 1e-6
     conditioned: bool = False
     options: SchemeOptions = SchemeOptions()
+    dyt: DyTInit = DyTInit()
 
     @property
     def block(self) -> int:
@@ -124,17 +128,17 @@ class Site:
 
     def norm(self) -> nn.Module:
         """A fresh affine norm N(.)."""
-        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=True)
+        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=True, dyt=self.dyt)
 
     def branch_norm(self) -> nn.Module:
         """The scheme's own branch-input norm; conditioned mode replaces it by a non-affine one."""
-        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=not self.conditioned)
+        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=not self.conditioned, dyt=self.dyt)
 
     def cond_norm(self) -> nn.Module:
         """For schemes without a branch-input norm: identity, or the non-affine norm adaLN needs."""
         if not self.conditioned:
             return nn.Identity()
-        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=False)
+        return build_norm(self.norm_layer, self.dim, self.norm_eps, affine=False, dyt=self.dyt)
 
 
 class Scheme(nn.Module):

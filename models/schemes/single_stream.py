@@ -1,4 +1,5 @@
-"""Single-stream schemes: Pre-, Post-, Peri-Norm, DeepNorm, Mix-LN and HybridNorm.
+"""Single-stream schemes: Pre-, Post-, Peri-Norm, DeepNorm, Mix-LN, HybridNorm, LayerNorm Scaling and OLMo 2's
+reordered norm.
 
 Each class is one residual site; ``prepare`` returns (branch input, state) and ``update`` writes
 the branch output ``o = F(branch input)`` back. Read the two methods as the equation.
@@ -146,3 +147,60 @@ class HybridNorm(Scheme):
 
     def update(self, x: Tensor, out: Tensor) -> Tensor:
         return x + out / self.c
+
+
+@register(NormScheme.LNS)
+class LayerNormScaling(PreNorm):
+    """LayerNorm Scaling (Sun et al., "The Curse of Depth in Large Language Models", 2025):
+    Pre-Norm whose branch-input norm output is scaled down with depth::
+
+        x = x + F(N(x) / sqrt(b + 1))          readout N_f(x) (unscaled)
+
+    The factor is per block, 1-based: both sublayers of block ``b`` (0-based) use ``1 / sqrt(b + 1)``, so the
+    first block is unscaled. That is the authors' first upload (lmsdss/LayerNorm-Scaling, commit 5d4dd11,
+    ``peft_pretraining/modeling_llama.py``, ``LlamaDecoderLayer.forward``, the branch then named ``cod``:
+    ``scale_factor = 1 / math.sqrt(self.layer_index + 1)`` after ``input_layernorm`` and after
+    ``post_attention_layernorm``, ``layer_index`` the 0-based decoder-layer index; the final ``LlamaModel.norm``
+    is not scaled) and OLMo-core's ``LayerNormScaledTransformerBlock`` (``ln_scale = 1 / sqrt(block_idx + 1)``
+    on ``attention_norm(x)`` and ``feed_forward_norm(h)``). The repository's HEAD lower-cases ``NORM_TYPE`` and
+    then compares it with ``'LNS'``, so no branch of it runs; the first upload is the code that ran.
+
+    Init: the authors' ``LNS`` path draws every Linear from the plain normal(``initializer_range``) and warn that
+    a depth-scaled output init (GPT-2's / OLMo's, ``scaled_output_init``) diminishes the effect;
+    ``configs/norm/lns.yaml`` therefore turns ``scaled_output_init`` off (docs/schemes.md).
+    Under adaLN the non-affine norm's output is scaled, then modulated.
+    """
+
+    def __init__(self, site: Site) -> None:
+        super().__init__(site)
+        self.scale = 1.0 / math.sqrt(site.block + 1)  # a Python float: the multiply keeps nothing for backward
+
+    def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.norm(x) * self.scale, x
+
+
+@register(NormScheme.REORDERED)
+class ReorderedNorm(Scheme):
+    """OLMo 2's reordered norm (OLMo et al., "2 OLMo 2 Furious", 2024): the norm on the branch OUTPUT only::
+
+        x = x + N(F(x))                         readout N_f(x)
+
+    No branch-input norm: F reads the raw residual (adaLN's non-affine norm is added in DiT). OLMo-core's
+    ``ReorderedNormTransformerBlock`` (``attention_norm(attention(x))``, ``feed_forward_norm(feed_forward(h))``)
+    and transformers' ``Olmo2DecoderLayer`` (``post_attention_layernorm``, ``post_feedforward_layernorm``; the
+    model's final ``norm``). Not Peri-LN: ``peri`` normalizes the branch input as well (docs/schemes.md).
+    OLMo 2 pairs it with QK-norm over the whole projection: ``qk_norm: true`` with ``qk_norm_scope: full``.
+    """
+
+    readout = FinalNorm
+
+    def __init__(self, site: Site) -> None:
+        super().__init__(site)
+        self.cond_norm = site.cond_norm()
+        self.norm = site.norm()
+
+    def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.cond_norm(x), x
+
+    def update(self, x: Tensor, out: Tensor) -> Tensor:
+        return x + self.norm(out)

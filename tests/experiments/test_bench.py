@@ -150,6 +150,9 @@ def test_unknown_scheme_is_refused():
         bench.parse_schemes("siamese@maybe")
     assert bench.parse_schemes("pre,siamese,pre") == ["pre", "siamese", "pre#2"]
     assert bench.parse_schemes("siamese,siamese@off") == ["siamese", "siamese@off"]
+    with pytest.raises(SystemExit, match="unknown norm layer in 'pre:batchnorm'"):
+        bench.parse_schemes("pre:batchnorm")
+    assert bench.parse_schemes("pre:dyt,siamese:dyt@off") == ["pre:dyt", "siamese:dyt@off"]
 
 
 def test_recompute_suffix_builds_the_network_it_names():
@@ -158,6 +161,18 @@ def test_recompute_suffix_builds_the_network_it_names():
     for label, expected in (("siamese", False), ("siamese@on", True), ("siamese@auto", "auto")):
         c = bench.build_candidate(w, label, spec, Options())
         assert c.model.trunk.cfg.recompute_norms == expected and c.name == label
+
+
+def test_norm_layer_suffix_builds_the_network_it_names():
+    """``pre:dyt``: the workload's scheme with every norm DyT (the workload's own layer otherwise)."""
+    from models.norms import DyT
+
+    w = SIZES["micro"]["lm"]
+    spec = bench.RunSpec(["pre"])
+    plain, dyt = (bench.build_candidate(w, label, spec, Options()) for label in ("pre", "pre:dyt@off"))
+    assert plain.model.trunk.cfg.norm_layer == "rmsnorm" and not any(isinstance(m, DyT) for m in plain.model.modules())
+    assert dyt.model.trunk.cfg.norm_layer == "dyt" and dyt.model.trunk.cfg.recompute_norms is False
+    assert any(isinstance(m, DyT) for m in dyt.model.modules()) and dyt.name == "pre:dyt@off"
 
 
 #################################################################################

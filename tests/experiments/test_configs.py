@@ -29,8 +29,18 @@ OVERLAYS = {
     "configs/dit/synthetic-latents.yaml": "configs/dit/tiny.yaml",
     **{str(p.relative_to(ROOT)): "configs/lm/tiny.yaml" for p in ROOT.glob("configs/lm/tiny-depth-*.yaml")},
 }
-# Named variants of a scheme (Table 3 ablation rows): configs/norm/<scheme>-<variant>.yaml.
-VARIANTS = sorted(p.stem for p in ROOT.glob("configs/norm/*-*.yaml"))
+NORM_OVERLAYS = {
+    p.stem: yaml.safe_load(p.read_text())["model"]["init_args"]["trunk"] for p in ROOT.glob("configs/norm/*.yaml")
+}
+SCHEMES = {s.value for s in NormScheme}
+# Norm-layer overlays set no scheme: they stack after a scheme overlay. The ports of DyT fit one task each.
+LAYER_OVERLAYS = {"dyt": ("lm", "vit", "dit"), "dyt-llama": ("lm",), "dyt-dit": ("dit",)}
+# Named variants of a scheme (Table 3 ablation rows; sweep cells of a scheme with a norm-layer overlay):
+# configs/norm/<scheme>-<variant>.yaml.
+VARIANTS = sorted(stem for stem in NORM_OVERLAYS if stem not in SCHEMES and stem not in LAYER_OVERLAYS)
+# What a scheme overlay sets besides the scheme (LayerNorm Scaling: the plain init its authors require).
+SCHEME_EXTRAS = {"lns": {"scaled_output_init": False}}
+TASK_OF = {"lm": "configs/lm/", "vit": "configs/vit/", "dit": "configs/dit/"}
 
 
 class ParseOnlyCLI(SuiteCLI):
@@ -62,9 +72,9 @@ def test_task_config_with_norm_overlay_parses(task_config: str, scheme: str):
     config = parse(*configs_for(task_config), f"configs/norm/{scheme}.yaml")
     trunk = TrunkConfig(**config.model.init_args.trunk)
     assert trunk.norm_scheme == scheme
-    # The overlay changed the scheme and nothing else of the trunk.
+    # The overlay changed the scheme and nothing else of the trunk (but what SCHEME_EXTRAS names).
     base = TrunkConfig(**parse(*configs_for(task_config)).model.init_args.trunk)
-    assert {**base.to_dict(), "norm_scheme": scheme} == trunk.to_dict()
+    assert {**base.to_dict(), "norm_scheme": scheme, **SCHEME_EXTRAS.get(scheme, {})} == trunk.to_dict()
 
 
 def _network(config):
@@ -102,22 +112,65 @@ def test_paper_configs_build_paper_sizes(path: str, low: float, high: float):
 
 
 def test_norm_overlays_cover_every_scheme():
-    stems = {p.stem for p in (ROOT / "configs/norm").glob("*.yaml")}
-    assert {s.value for s in NormScheme} <= stems
-    assert stems - {s.value for s in NormScheme} == set(VARIANTS)  # anything else is a named variant
+    stems = set(NORM_OVERLAYS)
+    assert stems >= SCHEMES
+    assert all("norm_scheme" not in NORM_OVERLAYS[stem] for stem in LAYER_OVERLAYS)  # they stack on a scheme
+    for variant in VARIANTS:  # anything else is a named variant: <scheme>-<variant>, setting its scheme
+        assert "-" in variant and NORM_OVERLAYS[variant]["norm_scheme"] == variant.split("-", 1)[0], variant
 
 
-@pytest.mark.parametrize("task_config", TASK_CONFIGS)
-@pytest.mark.parametrize("variant", VARIANTS)
+def layer_overlay_cases() -> list[tuple[str, str]]:
+    return [(o, c) for o, tasks in LAYER_OVERLAYS.items() for c in TASK_CONFIGS if any(TASK_OF[t] in c for t in tasks)]
+
+
+@pytest.mark.parametrize(("overlay", "task_config"), layer_overlay_cases())
+def test_norm_layer_overlays_stack_after_a_scheme_and_change_the_norm_layer_only(overlay: str, task_config: str):
+    """``-c <task> -c configs/norm/siamese.yaml -c configs/norm/<overlay>.yaml``: the scheme stays, the norm layer
+    and its own options change, and the network builds (the port options are refused by the other tasks)."""
+    config = parse(*configs_for(task_config), "configs/norm/siamese.yaml", f"configs/norm/{overlay}.yaml")
+    trunk = TrunkConfig(**config.model.init_args.trunk)
+    base = TrunkConfig(**parse(*configs_for(task_config), "configs/norm/siamese.yaml").model.init_args.trunk)
+    changed = {k for k, v in trunk.to_dict().items() if base.to_dict()[k] != v}
+    assert trunk.norm_scheme == "siamese" and trunk.norm_layer == "dyt"
+    assert changed <= {"norm_layer", "learned_embed_scale", "adaln_zero_init"} | {k for k in changed if "dyt" in k}
+    assert count_params(_network(config)) > 0
+
+
+def test_dyt_llama_overlay_holds_the_ports_values():
+    """other_tasks/LLaMA/README.md (LLaMA-2 7B): attn 0.8, ffn 0.2, dec 0.2; LayerNormParameterized has no shift;
+    ``shared_scale`` starts at sqrt(emb_dim). The DiT port: adaLN-Zero's zeroing removed."""
+    llama = dict(norm_layer="dyt", dyt_alpha_init_attn=0.8, dyt_alpha_init_mlp=0.2, dyt_alpha_init_final=0.2)
+    assert NORM_OVERLAYS["dyt-llama"] == {**llama, "dyt_bias": False, "learned_embed_scale": True}
+    assert NORM_OVERLAYS["dyt-dit"] == dict(norm_layer="dyt", adaln_zero_init=False)
+    assert NORM_OVERLAYS["dyt"] == dict(norm_layer="dyt")
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.split("-", 1)[1] in LAYER_OVERLAYS])
+def test_a_scheme_with_a_layer_overlay_is_the_two_overlays_stacked(variant: str):
+    """A sweep cell names one overlay; ``pre-dyt-llama.yaml`` must be ``pre.yaml`` then ``dyt-llama.yaml``."""
+    scheme, layer = variant.split("-", 1)
+    assert NORM_OVERLAYS[variant] == {**NORM_OVERLAYS[scheme], **NORM_OVERLAYS[layer]}
+
+
+def variant_cases() -> list[tuple[str, str]]:
+    """Every variant with every task config it fits (a variant with a norm-layer overlay: that overlay's tasks)."""
+    tasks = {v: LAYER_OVERLAYS.get(v.split("-", 1)[1], tuple(TASK_OF)) for v in VARIANTS}
+    return [(v, c) for v in VARIANTS for c in TASK_CONFIGS if any(TASK_OF[t] in c for t in tasks[v])]
+
+
+@pytest.mark.parametrize(("variant", "task_config"), variant_cases())
 def test_variant_overlays_set_their_scheme_and_switches_only(variant: str, task_config: str):
-    scheme = variant.split("-", 1)[0]
+    scheme, rest = variant.split("-", 1)
     config = parse(*configs_for(task_config), f"configs/norm/{variant}.yaml")
     trunk = TrunkConfig(**config.model.init_args.trunk)
     base = TrunkConfig(**parse(*configs_for(task_config)).model.init_args.trunk).to_dict()
     changed = {k for k, v in trunk.to_dict().items() if base[k] != v}
     assert trunk.norm_scheme == scheme
     assert changed - {"norm_scheme"}, f"{variant} changes nothing beyond the scheme"
-    assert changed <= {"norm_scheme", "siamese_input_norm", "siamese_depth_scaling", "hybrid_depth_scaling"}
+    switches = {"norm_scheme", "siamese_input_norm", "siamese_depth_scaling", "hybrid_depth_scaling"}
+    if rest in LAYER_OVERLAYS:  # the scheme with a norm-layer overlay: its keys
+        switches |= set(NORM_OVERLAYS[rest])
+    assert changed <= switches
 
 
 @pytest.mark.parametrize("shape", sorted(p.stem for p in ROOT.glob("configs/lm/tiny-depth-*.yaml")))

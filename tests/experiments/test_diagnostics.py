@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader
 from experiments.monitoring.diagnostics import Diagnostics, stream_dict
 from experiments.tasks.lm import LanguageModeling
 from experiments.tasks.optim import OptimConfig
-from models import DiT, LanguageModel, TrunkConfig, ViTClassifier
+from models import DiT, LanguageModel, Trunk, TrunkConfig, ViTClassifier
+from models.norms import DyT
 from models.schemes import NormScheme
 
 DEPTH = 2
@@ -125,6 +126,33 @@ def test_norm_scales_are_mean_abs_weights(scheme: str):
             float(trunk.blocks[1].mlp_res.norm.weight.abs().mean())
         )
     assert len(scales) == len(set(scales))
+
+
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])
+@pytest.mark.parametrize("scheme", ["pre", "siamese", "lns", "reordered"])
+def test_dyt_norms_report_their_scale_and_alpha(scheme: str, conditioned: bool):
+    """``norm_layer: dyt``: every DyT of the readout and the residual sites reports its learned alpha (adaLN's
+    non-affine ones too), affine ones their mean |weight|, under the names the other norms use."""
+    from experiments.monitoring.diagnostics import norm_scales
+
+    trunk = Trunk(tiny_trunk(scheme, norm_layer="dyt"), conditioned=conditioned)
+    for i, m in enumerate(trunk.modules()):
+        if isinstance(m, DyT):
+            m.alpha.data.fill_(0.1 + 0.01 * i)  # each its own value
+            if m.weight is not None:
+                m.weight.data.copy_(torch.randn_like(m.weight))
+    stats = {k: float(v) for k, v in norm_scales(trunk).items()}
+    outer, site_norm = ("norm_o", "norm_x") if scheme == "siamese" else ("norm_f", "norm")
+    assert stats[f"diag/alpha/{outer}"] == pytest.approx(float(getattr(trunk.readout, outer).alpha))
+    own = getattr(trunk.blocks[1].mlp_res, site_norm)
+    assert stats[f"diag/alpha/{site_norm}/sublayer_3"] == pytest.approx(float(own.alpha))
+    if own.weight is None:  # adaLN's non-affine branch-input norm: alpha only
+        assert f"diag/scale/{site_norm}/sublayer_3" not in stats
+    else:
+        assert stats[f"diag/scale/{site_norm}/sublayer_3"] == pytest.approx(float(own.weight.abs().mean()))
+    sites = [trunk.readout, *(s for blk in trunk.blocks for s in (blk.attn_res, blk.mlp_res))]
+    n_dyt = sum(isinstance(m, DyT) for s in sites for m in s.modules())
+    assert sum(k.startswith("diag/alpha/") for k in stats) == n_dyt
 
 
 @pytest.mark.parametrize("task", ["vit", "dit"])

@@ -123,6 +123,13 @@ def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, latent_cache: Pa
     run("fit", tmp_path, latent_cache, "--trainer.fast_dev_run=2", scheme=scheme)
 
 
+@pytest.mark.parametrize("scheme", ["pre", "siamese"])
+def test_fast_dev_run_dyt_as_its_dit_port_trains_it(scheme: str, tmp_path: Path, latent_cache: Path):
+    """DyT's DiT port stacked on a scheme: every norm DyT, adaLN-Zero's zero init removed."""
+    run("fit", tmp_path, latent_cache, "--trainer.fast_dev_run=2", "-c", str(ROOT / "configs/norm/dyt-dit.yaml"),
+        scheme=scheme)  # fmt: skip
+
+
 def test_smoke_run_on_a_fresh_clone_needs_no_cache(tmp_path: Path):
     """The shipped synthetic-latents overlay: fit, test and predict run with no VAE and no latent cache."""
     common = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/dit/synthetic-latents.yaml"),

@@ -42,6 +42,17 @@ def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, data_dir: Path):
     run("fit", tmp_path, data_dir, "--trainer.fast_dev_run=2", scheme=scheme)
 
 
+@pytest.mark.parametrize("cell", ["pre-dyt-llama", "siamese-dyt-llama"])
+def test_fast_dev_run_dyt_as_its_llama_port_trains_it(cell: str, tmp_path: Path, data_dir: Path):
+    """The sweep cells of DyT over Pre-Norm and over SiameseNorm (per-site alpha, no shift, embedding scale)."""
+    run("fit", tmp_path, data_dir, "--trainer.fast_dev_run=2", scheme=cell)
+
+
+def test_fast_dev_run_dyt_stacked_on_a_scheme(tmp_path: Path, data_dir: Path):
+    run("fit", tmp_path, data_dir, "--trainer.fast_dev_run=2", "-c", str(ROOT / "configs/norm/dyt.yaml"),
+        scheme="reordered")  # fmt: skip
+
+
 def test_moe_fast_dev_run_logs_aux_loss(tmp_path: Path, data_dir: Path):
     main(
         ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / "configs/lm/moe-tiny.yaml"),

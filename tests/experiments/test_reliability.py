@@ -305,7 +305,8 @@ def test_full_disk_is_caught_before_training(tmp_path: Path, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("experiments.reliability.layout.open", full_disk, raising=False)  # the probe write hits a full disk
+    # the probe write hits a full disk
+    monkeypatch.setattr("experiments.reliability.layout.open", full_disk, raising=False)
     with pytest.raises(OutputDirError) as err:
         ensure_writable(tmp_path / "runs" / "lm" / "tiny" / "pre")
     assert describe(err.value) == (

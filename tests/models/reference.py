@@ -13,9 +13,20 @@ import torch
 from torch import Tensor
 
 
-def norm(x: Tensor, kind: str, eps: float, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
-    """LayerNorm ``(x - mean) / sqrt(var + eps)`` or RMSNorm ``x / sqrt(mean(x^2) + eps)``, then ``* w + b``."""
-    if kind == "layernorm":
+def norm(
+    x: Tensor,
+    kind: str,
+    eps: float,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    alpha: Tensor | None = None,
+) -> Tensor:
+    """LayerNorm ``(x - mean) / sqrt(var + eps)``, RMSNorm ``x / sqrt(mean(x^2) + eps)`` or DyT ``tanh(alpha x)``
+    (Zhu et al. 2025: no epsilon, ``alpha`` one scalar), then ``* w + b``."""
+    if kind == "dyt":
+        assert alpha is not None and alpha.numel() == 1, "DyT needs its scalar alpha"
+        y = torch.tanh(alpha * x)
+    elif kind == "layernorm":
         mean = x.mean(dim=-1, keepdim=True)
         var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # biased variance, as LayerNorm
         y = (x - mean) / torch.sqrt(var + eps)
@@ -80,16 +91,21 @@ def attention(
     v_norm=None,
     causal: bool = False,
     rope_base: float | None = None,
+    q_full_norm=None,
+    k_full_norm=None,
 ) -> Tensor:
     """Naive multi-head ``softmax(Q K^T / sqrt(Dh)) V`` with a loop over heads.
 
-    ``q_norm``/``k_norm``/``v_norm`` are callables applied per head (or None); the fused projection
-    holds ``[W_q; W_k; W_v]`` and each of those holds head 0's rows first.
+    ``q_norm``/``k_norm``/``v_norm`` are callables applied per head (or None); ``q_full_norm``/``k_full_norm``
+    are applied to all heads' q / k at once, a ``(B, N, D)`` vector each (OLMo 2's ``Olmo2Attention``); the fused
+    projection holds ``[W_q; W_k; W_v]`` and each of those holds head 0's rows first.
     """
     bsz, n, d = x.shape
     dh = d // num_heads
     qkv = linear(x, w_qkv, b_qkv)
     q_all, k_all, v_all = qkv[..., :d], qkv[..., d : 2 * d], qkv[..., 2 * d :]
+    q_all = q_full_norm(q_all) if q_full_norm else q_all
+    k_all = k_full_norm(k_all) if k_full_norm else k_all
     heads = []
     for h in range(num_heads):
         cols = slice(h * dh, (h + 1) * dh)

@@ -31,6 +31,10 @@ CASES: dict[str, tuple[list, list]] = {
     "mix_ratio": ([-0.25, 1.01, math.nan], [0.0, 0.25, 1.0]),
     "init_std": ([0.0, -0.02, math.inf], [1e-4, 0.02]),
     "mhc_streams": ([0, -1, 2.5, True], [1, 4]),
+    "dyt_alpha_init": ([0.0, -0.5, math.nan, None, "0.5"], [1e-3, 0.5, 2.0]),
+    "dyt_alpha_init_attn": ([0.0, -0.8, math.inf], [None, 0.8]),
+    "dyt_alpha_init_mlp": ([0.0, -0.2, math.nan], [None, 0.2]),
+    "dyt_alpha_init_final": ([0, -1.0, "0.2"], [None, 0.2]),
 }
 BASE = dict(dim=16, depth=2, num_heads=2)
 
@@ -85,10 +89,21 @@ def test_recompute_norms_takes_true_false_or_auto(value):
         assert TrunkConfig(**BASE, recompute_norms=ok).recompute_norms == ok
 
 
-@pytest.mark.parametrize("name", ["qk_norm", "bias", "activation_checkpointing", "siamese_input_norm"])
+@pytest.mark.parametrize(
+    "name",
+    ["qk_norm", "bias", "activation_checkpointing", "siamese_input_norm", "dyt_bias", "learned_embed_scale",
+     "adaln_zero_init"],
+)  # fmt: skip
 def test_switches_must_be_booleans(name):
     with pytest.raises(ValueError, match=f"trunk {name} must be true or false, got 'false'"):
         TrunkConfig(**BASE, **{name: "false"})
+
+
+@pytest.mark.parametrize("value", ["heads", "FULL", True, None])
+def test_qk_norm_scope_is_per_head_or_full(value):
+    with pytest.raises(ValueError, match=f"unknown qk_norm_scope {value!r}; valid: per_head, full$"):
+        TrunkConfig(**BASE, qk_norm_scope=value)
+    assert TrunkConfig(**BASE, qk_norm=True).qk_norm_scope == "per_head"  # `qk_norm: true` means per head
 
 
 def test_a_yaml_value_reaches_the_check_through_the_cli(tmp_path):

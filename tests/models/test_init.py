@@ -63,9 +63,9 @@ def sincos_reference(dim: int, grid: int) -> np.ndarray:
     return np.concatenate([embed(cols), embed(rows)], axis=1)
 
 
-def dit(scheme: str = "pre") -> DiT:
+def dit(scheme: str = "pre", **trunk) -> DiT:
     torch.manual_seed(0)
-    cfg = TrunkConfig(dim=DIM, depth=2, num_heads=4, mlp="gelu_tanh", init="xavier", norm_scheme=scheme)
+    cfg = TrunkConfig(dim=DIM, depth=2, num_heads=4, mlp="gelu_tanh", init="xavier", norm_scheme=scheme, **trunk)
     return DiT(cfg, input_size=8, patch_size=2, in_channels=4, num_classes=10, learn_sigma=True)
 
 
@@ -85,12 +85,29 @@ DIT_RULES = [
 ]
 
 
-@pytest.mark.parametrize("scheme", ["pre", "siamese"])
-def test_every_dit_parameter_is_initialized_as_the_official_dit(scheme: str):
-    net = dit(scheme)
+# DyT's DiT port (other_tasks/DiT/dynamic-tanh.patch) deletes the lines that zero every block's adaLN modulation,
+# the final layer's and the final linear: they keep ``_basic_init``'s xavier-uniform weights and zero biases.
+# Its norms are DiT's non-affine LayerNorms turned into DyT: alpha 0.5, no weight.
+DYT_DIT_RULES = [
+    (r".*(adaLN.*|final_linear)\.weight", lambda p: is_uniform(p, xavier_bound(p))),
+    (r".*(adaLN.*|final_linear)\.bias", is_zero),
+    (r".*norm.*\.alpha", lambda p: p.shape == (1,) and p.item() == 0.5),
+    *DIT_RULES,
+]
+
+
+@pytest.mark.parametrize(
+    ("scheme", "trunk", "rules"),
+    [("pre", {}, DIT_RULES), ("siamese", {}, DIT_RULES),
+     ("pre", dict(norm_layer="dyt", adaln_zero_init=False), DYT_DIT_RULES),
+     ("siamese", dict(norm_layer="dyt", adaln_zero_init=False), DYT_DIT_RULES)],
+    ids=["pre", "siamese", "pre-dyt-dit", "siamese-dyt-dit"],
+)  # fmt: skip
+def test_every_dit_parameter_is_initialized_as_the_official_dit(scheme: str, trunk: dict, rules: list):
+    net = dit(scheme, **trunk)
     unmatched, wrong = [], []
     for name, p in net.named_parameters():
-        rule = next((r for pattern, r in DIT_RULES if re.fullmatch(pattern, name)), None)
+        rule = next((r for pattern, r in rules if re.fullmatch(pattern, name)), None)
         if rule is None:
             unmatched.append(name)
         elif not rule(p.detach()):

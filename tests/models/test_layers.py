@@ -11,7 +11,7 @@ from torch import nn
 
 from models.embeddings import sincos_2d, timestep_frequencies
 from models.layers import AdaLNZero, Attention, Mlp, MoE, SwiGLU, apply_rope, load_balancing_loss, modulate, rope_tables
-from models.norms import build_norm, get_norm_layer
+from models.norms import DyT, DyTInit, build_norm, get_norm_layer
 from tests.models import reference as ref
 
 D, HEADS, B, N = 16, 4, 2, 7
@@ -20,10 +20,12 @@ D, HEADS, B, N = 16, 4, 2, 7
 @torch.no_grad()
 def randomize_norms(module: nn.Module) -> None:
     for m in module.modules():
-        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm, DyT)) and m.weight is not None:
             m.weight.copy_(1 + 0.3 * torch.randn_like(m.weight))
             if getattr(m, "bias", None) is not None:
                 m.bias.copy_(0.3 * torch.randn_like(m.bias))
+        if isinstance(m, DyT):
+            m.alpha.copy_(0.3 + 0.6 * torch.rand_like(m.alpha))
 
 
 #################################################################################
@@ -31,19 +33,52 @@ def randomize_norms(module: nn.Module) -> None:
 #################################################################################
 
 
-@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm", "dyt"])
 @pytest.mark.parametrize("affine", [True, False])
 def test_build_norm_matches_formula(kind, affine):
     norm = build_norm(kind, D, eps=1e-3, affine=affine).double()
     randomize_norms(norm)
     assert (norm.weight is not None) == affine
     x = torch.randn(B, N, D, dtype=torch.float64) * 3 + 1
-    expected = ref.norm(x, kind, 1e-3, norm.weight, getattr(norm, "bias", None))
+    alpha = norm.alpha if kind == "dyt" else None
+    expected = ref.norm(x, kind, 1e-3, norm.weight, getattr(norm, "bias", None), alpha)
     torch.testing.assert_close(norm(x), expected, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("affine", [True, False])
+def test_dyt_is_the_reference_dynamic_tanh(affine):
+    """jiachenzhu/DyT ``DynamicTanh``: alpha (1,) at 0.5, weight 1, bias 0 (its DiT port: no weight / bias when
+    non-affine, alpha kept); the same parameter names; ``weight * tanh(alpha x) + bias`` by hand, float64."""
+    norm = build_norm("dyt", D, eps=1e-6, affine=affine)
+    assert norm.alpha.shape == (1,) and norm.alpha.item() == 0.5
+    names = {"alpha", "weight", "bias"} if affine else {"alpha"}
+    assert {n for n, _ in norm.named_parameters()} == names
+    if affine:
+        assert bool((norm.weight == 1).all()) and bool((norm.bias == 0).all())
+    norm = norm.double()
+    with torch.no_grad():
+        norm.alpha.fill_(0.7)
+        if affine:
+            norm.weight.copy_(torch.linspace(0.5, 2.0, D, dtype=torch.float64))
+            norm.bias.copy_(torch.linspace(-1.0, 1.0, D).double())
+    x = torch.randn(B, N, D, dtype=torch.float64) * 3
+    by_hand = [[math.tanh(0.7 * v) for v in row] for row in x[0].tolist()]
+    expected = torch.tensor(by_hand, dtype=torch.float64)
+    if affine:
+        expected = expected * torch.linspace(0.5, 2.0, D, dtype=torch.float64) + torch.linspace(-1.0, 1.0, D).double()
+    torch.testing.assert_close(norm(x)[0], expected, atol=1e-12, rtol=1e-12)
+
+
+def test_dyt_init_sets_alpha_and_the_llama_ports_shiftless_form():
+    norm = build_norm("dyt", D, eps=1e-6, dyt=DyTInit(alpha=0.8, bias=False))
+    assert norm.alpha.item() == pytest.approx(0.8) and norm.bias is None and norm.weight is not None
+    x = torch.randn(B, N, D)
+    torch.testing.assert_close(norm(x), torch.tanh(0.8 * x), atol=1e-6, rtol=1e-6)  # weight 1, no shift
+    assert build_norm("layernorm", D, eps=1e-6, dyt=DyTInit(alpha=0.8, bias=False)).bias is not None  # DyT-only
+
+
 def test_unknown_norm_layer_raises_listing_valid_ones():
-    with pytest.raises(ValueError, match=r"batchnorm.*layernorm.*rmsnorm"):
+    with pytest.raises(ValueError, match=r"batchnorm.*layernorm.*rmsnorm.*dyt"):
         get_norm_layer("batchnorm")
 
 
@@ -112,6 +147,46 @@ def test_attention_matches_naive_softmax(qk_norm, qkv_norm, norm_layer, causal, 
         out = attn(x, rope=rope, is_causal=causal)
     tol = 1e-6 if use_rope else 1e-10  # the rotary tables are float32
     torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("norm_layer", ["rmsnorm", "layernorm", "dyt"])
+def test_full_qk_norm_normalizes_all_heads_q_and_k_as_one_vector(norm_layer):
+    """OLMo 2 (``Olmo2Attention``): ``q_norm`` of width D over all heads' q, ``k_norm`` likewise, before the head
+    split and RoPE; V untouched."""
+    attn = Attention(D, HEADS, True, True, norm_layer=norm_layer, norm_eps=1e-5, qk_norm_scope="full").double()
+    randomize_norms(attn)
+    assert attn.q_norm.weight.shape == (D,) and attn.k_norm.weight.shape == (D,)
+    assert isinstance(attn.v_norm, nn.Identity)
+    x = torch.randn(B, N, D, dtype=torch.float64)
+
+    def full(m):
+        return lambda t: ref.norm(t, norm_layer, 1e-5, m.weight, getattr(m, "bias", None), getattr(m, "alpha", None))
+
+    w = (attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias)
+    expected = ref.attention(x, HEADS, *w, causal=True, rope_base=10000.0, q_full_norm=full(attn.q_norm),
+                             k_full_norm=full(attn.k_norm))  # fmt: skip
+    with torch.no_grad():
+        out = attn(x, rope=rope_tables(N, D // HEADS), is_causal=True)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("norm_layer", ["rmsnorm", "layernorm", "dyt"])
+def test_full_and_per_head_qk_norm_differ_by_the_statistics_only(norm_layer):
+    """Same weights, norm scales at 1: statistics over D and over D/H differ, so the outputs do; DyT has none
+    (element-wise), so there the two scopes agree."""
+    x = torch.randn(B, N, D, dtype=torch.float64)
+    outs = []
+    for scope in ("per_head", "full"):
+        torch.manual_seed(0)
+        attn = Attention(D, HEADS, True, True, norm_layer=norm_layer, qk_norm_scope=scope).double()
+        with torch.no_grad():
+            outs.append(attn(x))
+    assert torch.allclose(outs[0], outs[1], atol=1e-12) == (norm_layer == "dyt")
+
+
+def test_qkv_norm_keeps_its_per_head_norms_under_full_qk_norm():
+    attn = Attention(D, HEADS, qk_norm=True, qkv_norm=True, qk_norm_scope="full")
+    assert not attn.full_qk_norm and attn.q_norm.weight.shape == (D // HEADS,)
 
 
 def test_attention_without_bias_and_bad_heads():

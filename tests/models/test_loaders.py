@@ -126,6 +126,9 @@ def test_vit_refuses_qk_norm_mismatch():
     ours = ViTClassifier(TrunkConfig(dim=32, depth=2, num_heads=2), 16, 4, num_classes=3)
     with pytest.raises(ValueError, match="source qk_norm=True, our TrunkConfig.qk_norm=False"):
         load_timm_vit(ours, timm_vit(**TINY_VIT, qk_norm=True))
+    full = ViTClassifier(TrunkConfig(dim=32, depth=2, num_heads=2, qk_norm=True, qk_norm_scope="full"), 16, 4, 3)
+    with pytest.raises(ValueError, match="our qk_norm_scope is 'full'; the reference normalizes q and k per head"):
+        load_timm_vit(full, timm_vit(**TINY_VIT, qk_norm=True))
 
 
 @pytest.mark.parametrize("scheme", NON_PRE)

@@ -98,6 +98,27 @@ def test_siamese_parameter_overhead(name, norm_params, paper_claim_holds):
     assert (overhead < 0.1) == paper_claim_holds
 
 
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("scheme", ["pre", "siamese", "lns", "reordered"])
+def test_preset_builds_with_dyt_norms(scheme, name):
+    model = build_preset(name, scheme, norm_layer="dyt")
+    assert count_params(model) > counts(name, scheme)[0]  # one alpha per norm at least
+
+
+@pytest.mark.parametrize(("name", "qk_norms"), [("lm-1.3b", True), ("deit-small", False), ("dit-b2", False)])
+def test_dyt_adds_alpha_per_norm_and_a_shift_where_rmsnorm_had_none(name, qk_norms):
+    """Pre-Norm has 2L + 1 norms of width D (DiT: all non-affine), the LM also a per-head q and k norm (width D/H)
+    per block. DyT adds its alpha to each; replacing RMSNorm (no shift) it adds the shift of width D (or D/H)."""
+    preset = PRESETS[name]
+    dim, depth, heads = preset.trunk["dim"], preset.trunk["depth"], preset.trunk["num_heads"]
+    extra = 2 * depth + 1  # one alpha per norm
+    if preset.trunk["norm_layer"] == "rmsnorm":
+        extra += (2 * depth + 1) * dim
+    if qk_norms:
+        extra += 2 * depth * (1 + dim // heads)
+    assert count_params(build_preset(name, "pre", norm_layer="dyt")) - counts(name, "pre")[0] == extra
+
+
 def test_unknown_preset_raises_listing_valid_ones():
     with pytest.raises(ValueError) as err:
         build_preset("gpt-5")

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from models import Trunk, TrunkConfig
+from models.norms import DyT
 from models.schemes import SCHEMES, NormScheme, get_scheme
 from tests.models import reference as ref
 from tests.models.reference_mhc import ref_mhc
@@ -24,7 +25,7 @@ from tests.models.reference_mhc import ref_mhc
 D, L, HEADS, HIDDEN = 16, 3, 2, 24
 BATCH, TOKENS = 2, 5
 ALL_SCHEMES = list(NormScheme)
-NORM_LAYERS = ["layernorm", "rmsnorm"]
+NORM_LAYERS = ["layernorm", "rmsnorm", "dyt"]
 
 
 def build(scheme: str, norm_layer: str = "layernorm", conditioned: bool = False, **overrides) -> Trunk:
@@ -48,10 +49,12 @@ def build(scheme: str, norm_layer: str = "layernorm", conditioned: bool = False,
 def randomize(module: nn.Module) -> None:
     """Non-trivial values for everything the scheme equations touch."""
     for m in module.modules():
-        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm, DyT)) and m.weight is not None:
             m.weight.copy_(1 + 0.3 * torch.randn_like(m.weight))
             if getattr(m, "bias", None) is not None:
                 m.bias.copy_(0.3 * torch.randn_like(m.bias))
+        if isinstance(m, DyT):  # every DyT its own alpha, affine or not (adaLN's non-affine ones learn it too)
+            m.alpha.copy_(0.3 + 0.6 * torch.rand_like(m.alpha))
     for name, p in module.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if leaf in ("w_read", "w_depth", "w_write"):  # Hyper-Connections' W_m, W_r, W_b
@@ -73,7 +76,8 @@ class Ref:
     """Shared pieces of every scheme's reference loop.
 
     ``own(norm, x)``: a scheme's own branch-input norm; non-affine in conditioned mode.
-    ``added(x)``: where a scheme has no branch-input norm: identity, or a non-affine norm when conditioned.
+    ``added(x, norm)``: where a scheme has no branch-input norm: identity, or a non-affine norm when conditioned
+    (``norm``, the module that holds it, is needed only for DyT's alpha).
     ``F(b, kind, inp)``: the sublayer, wrapped by adaLN-Zero's modulate and gate when conditioned.
     """
 
@@ -89,18 +93,26 @@ class Ref:
                 self.mods.append(tuple(m[..., i * D : (i + 1) * D] for i in range(6)))
 
     def N(self, module: nn.Module, x: Tensor) -> Tensor:
-        """An affine norm with ``module``'s weight (and bias)."""
+        """An affine norm with ``module``'s weight (and bias; DyT: and alpha)."""
         assert module.weight is not None, f"expected an affine norm, got {module}"
-        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps, module.weight, getattr(module, "bias", None))
+        bias, alpha = getattr(module, "bias", None), self.alpha(module)
+        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps, module.weight, bias, alpha)
 
-    def plain(self, x: Tensor) -> Tensor:
-        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps)
+    def alpha(self, module: nn.Module | None) -> Tensor | None:
+        if self.cfg.norm_layer != "dyt":
+            return None
+        assert module is not None, "a DyT reference needs the module holding alpha"
+        return module.alpha
+
+    def plain(self, x: Tensor, module: nn.Module | None = None) -> Tensor:
+        assert module is None or module.weight is None, f"expected a non-affine norm, got {module}"
+        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps, alpha=self.alpha(module))
 
     def own(self, module: nn.Module, x: Tensor) -> Tensor:
-        return self.plain(x) if self.mods else self.N(module, x)
+        return self.plain(x, module) if self.mods else self.N(module, x)
 
-    def added(self, x: Tensor) -> Tensor:
-        return self.plain(x) if self.mods else x
+    def added(self, x: Tensor, module: nn.Module | None = None) -> Tensor:
+        return self.plain(x, module) if self.mods else x
 
     def F(self, b: int, kind: str, inp: Tensor) -> Tensor:
         blk = self.trunk.blocks[b]
@@ -117,26 +129,26 @@ class Ref:
             yield b, 2 * b + 1, "mlp", blk.mlp_res
 
 
-def pre_step(r: Ref, b: int, kind: str, norm: nn.Module, x: Tensor) -> Tensor:
-    return x + r.F(b, kind, r.own(norm, x))  # x = x + F(N(x))
+def pre_step(r: Ref, b: int, kind: str, site: nn.Module, x: Tensor) -> Tensor:
+    return x + r.F(b, kind, r.own(site.norm, x))  # x = x + F(N(x))
 
 
-def post_step(r: Ref, b: int, kind: str, norm: nn.Module, x: Tensor) -> Tensor:
-    return r.N(norm, x + r.F(b, kind, r.added(x)))  # x = N(x + F(x))
+def post_step(r: Ref, b: int, kind: str, site: nn.Module, x: Tensor) -> Tensor:
+    return r.N(site.norm, x + r.F(b, kind, r.added(x, site.cond_norm)))  # x = N(x + F(x))
 
 
 def ref_pre(r: Ref, h: Tensor) -> Tensor:
     x = h
     for b, _, kind, site in r.sites():
-        x = pre_step(r, b, kind, site.norm, x)
+        x = pre_step(r, b, kind, site, x)
     return r.own(r.trunk.readout.norm_f, x)  # N_f(x)
 
 
 def ref_post(r: Ref, h: Tensor) -> Tensor:
     x = h
     for b, _, kind, site in r.sites():
-        x = post_step(r, b, kind, site.norm, x)
-    return r.added(x)  # x
+        x = post_step(r, b, kind, site, x)
+    return r.added(x, r.trunk.readout.norm_f)  # x
 
 
 def ref_peri(r: Ref, h: Tensor) -> Tensor:
@@ -150,8 +162,8 @@ def ref_deepnorm(r: Ref, h: Tensor) -> Tensor:
     alpha = (2 * r.cfg.depth) ** 0.25
     x = h
     for b, _, kind, site in r.sites():
-        x = r.N(site.norm, alpha * x + r.F(b, kind, r.added(x)))  # x = N(alpha x + F(x))
-    return r.added(x)
+        x = r.N(site.norm, alpha * x + r.F(b, kind, r.added(x, site.cond_norm)))  # x = N(alpha x + F(x))
+    return r.added(x, r.trunk.readout.norm_f)
 
 
 def ref_mixln(r: Ref, h: Tensor) -> Tensor:
@@ -159,7 +171,7 @@ def ref_mixln(r: Ref, h: Tensor) -> Tensor:
     x = h
     for b, _, kind, site in r.sites():
         step = post_step if b < n_post else pre_step
-        x = step(r, b, kind, site.inner.norm, x)
+        x = step(r, b, kind, site.inner, x)
     return r.own(r.trunk.readout.norm_f, x)
 
 
@@ -168,35 +180,36 @@ def ref_hybrid(r: Ref, h: Tensor) -> Tensor:
     for b, _, kind, site in r.sites():
         c = math.sqrt(2 * (b + 1)) if r.cfg.hybrid_depth_scaling else 1.0
         if kind == "attn":
-            x = x + r.F(b, kind, r.added(x)) / c  # x = x + Attn(x) / c, QKV-norm lives inside Attn
+            x = x + r.F(b, kind, r.added(x, site.cond_norm)) / c  # x = x + Attn(x) / c, QKV-norm inside Attn
         else:
             u = r.N(site.norm, x)  # u = N(x); x = u + F(u) / c
-            x = u + r.F(b, kind, r.added(u)) / c
+            x = u + r.F(b, kind, r.added(u, site.cond_norm)) / c
     return r.own(r.trunk.readout.norm_f, x)
 
 
 def ref_resi_dual(r: Ref, h: Tensor) -> Tensor:
     x = d = h  # both streams from the embedding
     for b, _, kind, site in r.sites():
-        o = r.F(b, kind, r.added(x))
+        o = r.F(b, kind, r.added(x, site.cond_norm))
         x = r.N(site.norm, x + o)
         d = d + o
-    return r.added(x + r.N(r.trunk.readout.norm_d, d))  # x + N_d(d)
+    ro = r.trunk.readout
+    return r.added(x + r.N(ro.norm_d, d), ro.norm_f)  # x + N_d(d)
 
 
 def ref_resi_dual_hybrid(r: Ref, h: Tensor) -> Tensor:
     x = d = h  # both streams from the embedding
     for b, _, kind, site in r.sites():
         if kind == "attn":
-            o = r.F(b, kind, r.added(x))  # o = Attn(x), QKV-norm inside; x = x + o
+            o = r.F(b, kind, r.added(x, site.cond_norm))  # o = Attn(x), QKV-norm inside; x = x + o
             x = x + o
         else:
             u = r.N(site.norm, x)  # u = N(x); o = F(u); x = u + o
-            o = r.F(b, kind, r.added(u))
+            o = r.F(b, kind, r.added(u, site.cond_norm))
             x = u + o
         d = d + o
     ro = r.trunk.readout
-    return r.added(r.N(ro.norm_x, x) + r.N(ro.norm_d, d))  # N_x(x) + N_d(d)
+    return r.added(r.N(ro.norm_x, x) + r.N(ro.norm_d, d), ro.norm_f)  # N_x(x) + N_d(d)
 
 
 def ref_hyper(r: Ref, h: Tensor) -> Tensor:
@@ -220,11 +233,11 @@ def _siamese(r: Ref, h: Tensor, hybrid: bool) -> Tensor:
     for b, _, kind, site in r.sites():
         c = math.sqrt(2 * (b + 1)) if opts.siamese_depth_scaling else 1.0
         if hybrid and kind == "attn":
-            o = r.F(b, kind, r.added(site.gain * x + r.N(site.norm_y, y)))  # h = g x + N_Y(y)
+            o = r.F(b, kind, r.added(site.gain * x + r.N(site.norm_y, y), site.cond_norm))  # h = g x + N_Y(y)
         else:
             x = r.N(site.norm_x, x)  # X post-norm at sublayer start
             z = x + r.N(site.norm_y, y)
-            o = r.F(b, kind, r.own(site.norm_in, z) if opts.siamese_input_norm else r.added(z))
+            o = r.F(b, kind, r.own(site.norm_in, z) if opts.siamese_input_norm else r.added(z, site.norm_in))
         x = x + o / c
         y = y + o
     ro = r.trunk.readout
@@ -237,6 +250,20 @@ def ref_siamese(r: Ref, h: Tensor) -> Tensor:
 
 def ref_siamese_hybrid(r: Ref, h: Tensor) -> Tensor:
     return _siamese(r, h, hybrid=True)
+
+
+def ref_lns(r: Ref, h: Tensor) -> Tensor:
+    x = h
+    for b, _, kind, site in r.sites():
+        x = x + r.F(b, kind, r.own(site.norm, x) / math.sqrt(b + 1))  # x = x + F(N(x) / sqrt(l)), l = b + 1
+    return r.own(r.trunk.readout.norm_f, x)  # N_f(x), unscaled
+
+
+def ref_reordered(r: Ref, h: Tensor) -> Tensor:
+    x = h
+    for b, _, kind, site in r.sites():
+        x = x + r.N(site.norm, r.F(b, kind, r.added(x, site.cond_norm)))  # x = x + N(F(x))
+    return r.own(r.trunk.readout.norm_f, x)  # N_f(x)
 
 
 REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
@@ -252,6 +279,8 @@ REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
     NormScheme.SIAMESE: ref_siamese,
     NormScheme.SIAMESE_HYBRID: ref_siamese_hybrid,
     NormScheme.MHC: ref_mhc,
+    NormScheme.LNS: ref_lns,
+    NormScheme.REORDERED: ref_reordered,
 }
 
 
@@ -456,3 +485,34 @@ def test_cond_must_match_the_mode(conditioned):
     wrong = None if conditioned else torch.randn(BATCH, D)
     with pytest.raises(ValueError, match="cond"):
         trunk(h, cond=wrong)
+
+
+#################################################################################
+#            LayerNorm Scaling and OLMo 2's reordered norm: their facts         #
+#################################################################################
+
+
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])
+def test_lns_scales_both_sublayers_of_block_b_by_one_over_sqrt_b_plus_1(conditioned):
+    """The authors' code and OLMo-core: per block, 1-based (block 0 unscaled), both sublayers alike, the readout
+    unscaled. L = 4: 1, 1/sqrt(2), 1/sqrt(3), 1/2."""
+    trunk = build(NormScheme.LNS, "rmsnorm", conditioned, depth=4)
+    factors = [1.0, 0.7071067811865476, 0.5773502691896258, 0.5]
+    x = torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    for blk, factor in zip(trunk.blocks, factors, strict=True):
+        for site in (blk.attn_res, blk.mlp_res):
+            assert site.scale == pytest.approx(factor, rel=1e-15)
+            inp, state = site.prepare(x)
+            assert state is x
+            w = None if conditioned else site.norm.weight
+            torch.testing.assert_close(inp, factor * ref.norm(x, "rmsnorm", 1e-5, w), atol=1e-12, rtol=1e-12)
+    assert not hasattr(trunk.readout, "scale")
+
+
+def test_reordered_has_no_branch_input_norm_and_pre_norms_parameter_count():
+    """F reads the residual itself (no N before it); one N per sublayer (after F) and N_f: Pre-Norm's count."""
+    trunk, pre = build(NormScheme.REORDERED), build(NormScheme.PRE)
+    x = torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    inp, state = trunk.blocks[0].attn_res.prepare(x)
+    assert inp is x and state is x
+    assert sum(p.numel() for p in trunk.parameters()) == sum(p.numel() for p in pre.parameters())
