@@ -18,7 +18,7 @@ from torchmetrics import MeanMetric
 
 from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.base import TaskModule
-from experiments.tasks.diffusion import SAMPLERS, make_scheduler, sample_latents, vlb_term
+from experiments.tasks.diffusion import SAMPLERS, decode_latents, make_scheduler, sample_latents, vlb_term
 from experiments.tasks.optim import OptimConfig
 from models import DiT, TrunkConfig
 
@@ -180,8 +180,7 @@ class LatentDiffusion(TaskModule):
         )  # fmt: skip
         if not decode:
             return latents
-        images = self.vae.decode(latents / self.vae.config.scaling_factor).sample
-        return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return decode_latents(self.vae, latents)
 
     def on_validation_epoch_end(self) -> None:
         self._val_count += 1
