@@ -114,7 +114,6 @@ def eval_results(run: RunCheckpoint, name: str) -> list[EvalResult]:
                 metric_value=float(value),
                 metric_name=metric,
                 metric_args=json.loads(json.dumps(metric_protocol(run, metric), default=str)),
-                source_name=f"SiameseNorm suite run {name}",
             )
         )
     return results

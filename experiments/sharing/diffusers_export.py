@@ -25,7 +25,7 @@ import torch
 
 from experiments.reliability.errors import SuiteError
 from experiments.sharing.checkpoint import RunCheckpoint
-from experiments.sharing.isolated import ReloadFailed, reload_exports
+from experiments.sharing.isolated import Reloaded, ReloadFailed, reload_exports
 from experiments.sharing.report import ExportOptions, ExportReport
 from experiments.sharing.source import bundle
 from experiments.tasks.diffusion import decode_latents, make_scheduler, sample_latents
@@ -95,23 +95,44 @@ def write(run: RunCheckpoint, net, vae_path: Path | None, folder: Path) -> None:
     (folder / "transformer" / f"{MODEL_STEM}.py").write_text(bundle([MODEL_MODULE], title=title.format("DiT")))
 
 
-def reference_samples(
-    run: RunCheckpoint, net, vae_path: Path | None, labels: list[int], seeds: list[int]
-) -> torch.Tensor:
-    """What the suite's own sampler gives (``LatentDiffusion.generate``'s steps) for ``CHECK_STEPS`` steps."""
+def check_inputs(run: RunCheckpoint, vae_path: Path | None) -> tuple[dict[str, torch.Tensor], dict]:
+    """A few labels and per-sample seeds, sampled for ``CHECK_STEPS`` steps (decoded when there is a VAE)."""
+    labels = [i % int(run.hparams["num_classes"]) for i in range(len(CHECK_SEEDS))]
+    output = "pt" if vae_path is not None else "latent"
+    request = {"labels": labels, "seeds": list(CHECK_SEEDS), "steps": CHECK_STEPS, "output_type": output}
+    return {"labels": torch.tensor(labels)}, request
+
+
+def reference_samples(run: RunCheckpoint, net, vae_path: Path | None, request: dict) -> torch.Tensor:
+    """What the suite's own sampler (``LatentDiffusion.generate``'s steps) gives for ``request``."""
     from models.vae import load_vae
 
     hp = run.hparams
     scheduler = make_scheduler(
         hp["sampler"], int(hp["num_train_timesteps"]), hp["beta_schedule"], bool(hp["learn_sigma"])
     )
-    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    generators = [torch.Generator().manual_seed(s) for s in request["seeds"]]
     shape = (int(hp["latent_channels"]), int(hp["latent_size"]), int(hp["latent_size"]))
     latents = sample_latents(
-        net, scheduler, torch.tensor(labels), shape, CHECK_STEPS, float(hp["guidance_scale"]), generators,
-        hp.get("cfg_channels"),
+        net, scheduler, torch.tensor(request["labels"]), shape, request["steps"] or int(hp["sample_steps"]),
+        float(hp["guidance_scale"]), generators, hp.get("cfg_channels"),
     )  # fmt: skip
     return latents if vae_path is None else decode_latents(load_vae(str(vae_path)).eval(), latents)
+
+
+def compare(run: RunCheckpoint, net, vae_path: Path | None, request: dict, reloaded: Reloaded) -> list[str]:
+    """The check line; :class:`ReloadFailed` when the pipeline's samples are not the suite sampler's."""
+    want = reference_samples(run, net, vae_path, request)
+    got = reloaded.outputs["samples"]
+    diff = float((got.double() - want.double()).abs().max()) if got.shape == want.shape else float("inf")
+    if diff > (0 if vae_path is not None else TOLERANCE):
+        raise ReloadFailed(f"the pipeline's samples differ from the suite's sampler by {diff:.2e}")
+    what = "decoded uint8 images identical" if vae_path is not None else f"latents max |diff| {diff:.1e}"
+    hp = run.hparams
+    return [
+        f"{len(request['labels'])} samples ({hp['sampler']}, {request['steps'] or hp['sample_steps']} steps, guidance "
+        f"{hp['guidance_scale']}, per-sample seeds): {what} to the suite's sampler"
+    ]
 
 
 def export(run: RunCheckpoint, folder: Path, scratch: Path, options: ExportOptions) -> ExportReport:
@@ -119,7 +140,6 @@ def export(run: RunCheckpoint, folder: Path, scratch: Path, options: ExportOptio
     vae_path = vae_directory(run, options)
     net = run.network()
     write(run, net, vae_path, folder)
-    output = "pt" if vae_path is not None else "latent"
     usage = (
         "import torch\nfrom diffusers import DiffusionPipeline\n\n"
         'pipe = DiffusionPipeline.from_pretrained("DIR", trust_remote_code=True)\n'
@@ -134,19 +154,8 @@ def export(run: RunCheckpoint, folder: Path, scratch: Path, options: ExportOptio
         "channel and drops the learned variance; FID stays on the suite's sampler (this pipeline runs it)"
     )
     if options.check:
-        labels = [i % int(run.hparams["num_classes"]) for i in range(len(CHECK_SEEDS))]
-        request = {"labels": labels, "seeds": list(CHECK_SEEDS), "steps": CHECK_STEPS, "output_type": output}
-        inputs = {"labels": torch.tensor(labels)}
+        inputs, request = check_inputs(run, vae_path)
         (reloaded,) = reload_exports("diffusers", [(folder, inputs, request)], scratch / "reload")
-        want = reference_samples(run, net, vae_path, labels, list(CHECK_SEEDS))
-        got = reloaded.outputs["samples"]
-        diff = float((got.double() - want.double()).abs().max()) if got.shape == want.shape else float("inf")
-        if diff > (0 if vae_path is not None else TOLERANCE):
-            raise ReloadFailed(f"the pipeline's samples differ from the suite's sampler by {diff:.2e}")
-        what = "decoded uint8 images identical" if vae_path is not None else f"latents max |diff| {diff:.1e}"
-        report.checks = [
-            f"{len(labels)} samples ({run.hparams['sampler']}, {CHECK_STEPS} steps, guidance "
-            f"{run.hparams['guidance_scale']}, per-sample seeds): {what} to the suite's sampler"
-        ]
+        report.checks = compare(run, net, vae_path, request, reloaded)
         report.load_s = float(reloaded.result["load_s"])
     return report

@@ -1,6 +1,7 @@
 """Runs :mod:`experiments.sharing.reload` in a fresh interpreter that cannot import the suite.
 
-    python -I reload.py JOB.json    -I: no PYTHONPATH, no user site, no script directory on sys.path
+    python -I -B reload.py JOB.json -I: no PYTHONPATH, no user site, no script directory on sys.path;
+                                    -B: no __pycache__ written into an export whose code it imports
     cwd, HOME, HF_HOME              a scratch directory: transformers / diffusers copy the exported code into
                                     their module caches there, so nothing is written elsewhere
     HF_HUB_OFFLINE=1                nothing is downloaded; CUDA hidden: outputs are compared in float32 on CPU
@@ -63,7 +64,7 @@ def reload_exports(
     home = str(scratch.resolve())
     env |= {"HOME": home, "HF_HOME": f"{home}/hf", "XDG_CACHE_HOME": f"{home}/cache", "HF_HUB_OFFLINE": "1"}
     env |= {"HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-I", str(RELOAD_SCRIPT), str((scratch / "job.json").resolve())]
+    command = [sys.executable, "-I", "-B", str(RELOAD_SCRIPT), str((scratch / "job.json").resolve())]
     try:
         done = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -90,6 +90,7 @@ def main() -> None:
         outputs, info = CHECKS[job["format"]](folder, load_file(io / "inputs.safetensors"), request)
         save_file({k: v.contiguous() for k, v in outputs.items()}, io / "outputs.safetensors")
         info["suite_importable"] = suite_importable
+        info["sys_path"] = list(sys.path)
         (io / "result.json").write_text(json.dumps(info, default=str))
 
 

@@ -40,35 +40,31 @@ class SourceModule:
     """One suite module: its dotted name, file, text and the suite modules it imports."""
 
     name: str
-    path: Path
+    relative_path: str  # e.g. "models/trunk.py"
     text: str
     tree: ast.Module
     deps: list[str] = field(default_factory=list)
-
-    @property
-    def relative_path(self) -> str:
-        return self.path.relative_to(REPO_ROOT).as_posix()
 
 
 def is_suite_module(name: str | None) -> bool:
     return bool(name) and name.split(".")[0] in SUITE_PACKAGES
 
 
-def module_path(name: str) -> Path | None:
-    """The file of suite module ``name`` (a package's ``__init__.py``), or None if there is none."""
-    base = REPO_ROOT.joinpath(*name.split("."))
+def module_path(name: str, root: Path = REPO_ROOT) -> Path | None:
+    """The file of suite module ``name`` under ``root`` (a package's ``__init__.py``), or None if there is none."""
+    base = root.joinpath(*name.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
     return None
 
 
-def _read(name: str) -> SourceModule:
-    path = module_path(name)
+def _read(name: str, root: Path) -> SourceModule:
+    path = module_path(name, root)
     if path is None:
-        raise BundleError(f"suite module {name} has no source file under {REPO_ROOT}")
+        raise BundleError(f"suite module {name} has no source file under {root}")
     text = path.read_text(encoding="utf-8")
-    return SourceModule(name, path, text, ast.parse(text, filename=str(path)))
+    return SourceModule(name, path.relative_to(root).as_posix(), text, ast.parse(text, filename=str(path)))
 
 
 def _suite_imports(module: SourceModule) -> list[ast.ImportFrom | ast.Import]:
@@ -90,7 +86,7 @@ def _suite_imports(module: SourceModule) -> list[ast.ImportFrom | ast.Import]:
     return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
 
-def _dependencies(module: SourceModule, elsewhere: dict[str, str]) -> list[str]:
+def _dependencies(module: SourceModule, elsewhere: dict[str, str], root: Path) -> list[str]:
     """The suite modules ``module`` needs in the bundle: each ``from X import a`` needs X, and X.a if a module."""
     deps: list[str] = []
     used = {n.id for n in ast.walk(module.tree) if isinstance(n, ast.Name)}
@@ -104,7 +100,7 @@ def _dependencies(module: SourceModule, elsewhere: dict[str, str]) -> list[str]:
             deps.append(node.module)
         for alias in node.names:
             sub = f"{node.module}.{alias.name}"
-            if module_path(sub) is not None and module_path(node.module).name == "__init__.py":
+            if module_path(sub, root) is not None and module_path(node.module, root).name == "__init__.py":
                 if (alias.asname or alias.name) in used:
                     raise BundleError(
                         f"{module.relative_path}:{node.lineno} uses the module {sub} as an object; "
@@ -114,7 +110,7 @@ def _dependencies(module: SourceModule, elsewhere: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(deps))
 
 
-def collect(entries: list[str], elsewhere: dict[str, str] | None = None) -> list[SourceModule]:
+def collect(entries: list[str], elsewhere: dict[str, str] | None = None, root: Path = REPO_ROOT) -> list[SourceModule]:
     """The entry modules and every suite module they import, each after its dependencies.
 
     Raises:
@@ -131,8 +127,8 @@ def collect(entries: list[str], elsewhere: dict[str, str] | None = None) -> list
         if state.get(name) == "visiting":
             raise BundleError(f"import cycle: {' -> '.join((*chain, name))}")
         state[name] = "visiting"
-        module = loaded.setdefault(name, _read(name))
-        module.deps = _dependencies(module, elsewhere)
+        module = loaded.setdefault(name, _read(name, root))
+        module.deps = _dependencies(module, elsewhere, root)
         for dep in module.deps:
             visit(dep, (*chain, name))
         state[name] = "done"
@@ -143,6 +139,15 @@ def collect(entries: list[str], elsewhere: dict[str, str] | None = None) -> list
     return order
 
 
+def _bound(target: ast.expr) -> list[str]:
+    """Names an assignment target binds: ``x``, ``x, y``; not ``x[k]`` or ``x.a`` (they change an existing object)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, ast.Tuple | ast.List):
+        return [name for element in target.elts for name in _bound(element)]
+    return _bound(target.value) if isinstance(target, ast.Starred) else []
+
+
 def _top_level_names(tree: ast.Module) -> set[str]:
     """Names a module defines at top level (functions, classes, assignments); not imports or ``__all__``."""
     names: set[str] = set()
@@ -151,7 +156,7 @@ def _top_level_names(tree: ast.Module) -> set[str]:
             names.add(node.name)
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            names |= {name for t in targets for name in _bound(t)}
     return names - {"__all__"}
 
 
@@ -205,7 +210,7 @@ def _rewrite(module: SourceModule, elsewhere: dict[str, str]) -> str:
     return "".join(lines).strip("\n") + "\n"
 
 
-def bundle(entries: list[str], elsewhere: dict[str, str] | None = None, title: str = "") -> str:
+def bundle(entries: list[str], elsewhere: dict[str, str] | None = None, title: str = "", root: Path = REPO_ROOT) -> str:
     """One self-contained Python file holding ``entries`` and every suite module they need.
 
     Args:
@@ -213,12 +218,13 @@ def bundle(entries: list[str], elsewhere: dict[str, str] | None = None, title: s
         elsewhere: suite modules that stay separate files next to the bundle, by module name -> file stem;
             imports of them become ``from .<stem> import ...``.
         title: first line of the generated file's header.
+        root: the directory the suite's packages live in (the repository).
 
     Raises:
         BundleError: the source uses a construct that cannot be bundled (see the module docstring).
     """
     elsewhere = elsewhere or {}
-    modules = collect(entries, elsewhere)
+    modules = collect(entries, elsewhere, root)
     _check_collisions(modules)
     digest = hashlib.sha256("".join(m.text for m in modules).encode()).hexdigest()[:16]
     header = [

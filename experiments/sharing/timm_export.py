@@ -90,7 +90,7 @@ def suite_transform(datamodule: Any, image: Image.Image) -> Tensor:
     """The run's eval transform of a PIL image (torchvision v2 transforms get the uint8 tensor they are fed)."""
     transform = datamodule.eval_transform
     if isinstance(transform, v2.Transform):
-        return transform(torch.from_numpy(np.asarray(image.convert("RGB"))).permute(2, 0, 1).contiguous())
+        return transform(torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous())
     return transform(image)
 
 
