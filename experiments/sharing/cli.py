@@ -9,16 +9,20 @@ a format that does not fit the task, an existing DIR without ``--overwrite`` (or
 of this suite), a checkpoint that is not a suite run's. The export is built beside DIR and renamed into
 place only when complete and checked: reloaded in a fresh interpreter without the suite, with the library's
 own calls, its outputs compared with the suite's network (``--no-check`` skips this for very large models).
+The run's ``summary.json`` travels along, so ``python -m experiments compare EXPORTS`` tabulates a folder of
+exports as it does a sweep directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.monitoring.records import SUMMARY_FILE
 from experiments.reliability.errors import SuiteError
 from experiments.sharing.checkpoint import read_run_checkpoint
 from experiments.sharing.output import check_out, folder_size, human_size, staged
@@ -83,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     with staged(out, args.overwrite) as (folder, scratch):
         report = exporter.export(run, folder, scratch, options)
+        if run.run_dir is not None and (run.run_dir / SUMMARY_FILE).is_file():  # compare reads a folder of exports
+            shutil.copyfile(run.run_dir / SUMMARY_FILE, folder / SUMMARY_FILE)
         write_card(run, report, folder)
     size, files = folder_size(out)
     print(f"export: {out} ({report.library}, {report.model_class}, scheme {run.scheme}, step {run.step}): "

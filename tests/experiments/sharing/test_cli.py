@@ -18,6 +18,7 @@ from tests.experiments.sharing.conftest import IMAGE_DATA, TEXT_DATA, lm_module,
 SUMMARY = {
     "task": "vit",
     "scheme": "siamese",
+    "status": "finished",
     "test": {"test/acc1": 0.4375, "test/acc5": 0.875, "test/loss": 1.625},
     "final_val": {"val/acc1": 0.5},
 }
@@ -125,3 +126,16 @@ def test_a_missing_vae_is_named_before_any_work(runs, tmp_path, capsys):
     line = error_line(["--ckpt", str(ckpt), "--out", str(tmp_path / "out")], capsys)
     assert "the run's vae_path" in line and "missing-vae" in line and "valid: --vae DIR" in line
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_compare_reads_a_folder_of_exports(runs, tmp_path, capsys):
+    exports = tmp_path / "exports"
+    other = save_run(runs["root"] / "other", "pre", vit_module("pre", 5), "experiments.tasks.ImageClassification",
+                     IMAGE_DATA, {**SUMMARY, "scheme": "pre", "test": {"test/acc1": 0.25}})  # fmt: skip
+    for name, ckpt in (("siamese", runs["vit"]), ("pre", other)):
+        main(["export", "--ckpt", str(ckpt), "--out", str(exports / name), "--no-check"])
+    main(["compare", str(exports)])
+    capsys.readouterr()
+    table = (exports / "comparison.md").read_text()
+    cells = [line for line in table.splitlines() if line.startswith(("| pre |", "| siamese |"))][:2]
+    assert [c.split(" | ")[2] for c in cells] == ["0.25 (n = 1)", "0.4375 (n = 1)"]  # test/acc1, from each summary
