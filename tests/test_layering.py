@@ -9,6 +9,7 @@ inside experiments/ each concern imports only the ones below it.
     experiments/tasks/         LightningModules -- evaluation, monitoring, reliability; never sweeps, tools, cli
     experiments/sweeps/        grids and comparison -- never the tasks (runs are processes), tools or cli
     experiments/analysis/, bench/   tools -- never each other, never sweeps
+    experiments/sharing/       export -- tasks, evaluation, monitoring, reliability; never sweeps, other tools, cli
 
 Checked on the source (every import statement, including ones inside functions), so a lazy import
 cannot slip through, and by importing the packages in a fresh interpreter.
@@ -39,6 +40,7 @@ FORBIDDEN = {
     "experiments/sweeps": {f"experiments.{p}" for p in ("tasks", "analysis", "bench", "cli")},
     "experiments/analysis": {f"experiments.{p}" for p in ("sweeps", "bench")},
     "experiments/bench": {f"experiments.{p}" for p in ("sweeps", "analysis", "cli")},
+    "experiments/sharing": {f"experiments.{p}" for p in ("sweeps", "analysis", "bench", "cli")},
 }
 
 

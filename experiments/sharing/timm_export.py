@@ -42,15 +42,27 @@ TOLERANCE = 1e-5
 
 
 def run_datamodule(run: RunCheckpoint) -> Any:
-    """The run's DataModule, rebuilt from its saved hyperparameters (no data is read)."""
+    """The run's DataModule, rebuilt from its saved hyperparameters (no data is read).
+
+    The class path comes from a file the user hands in: only a LightningDataModule of the suite's
+    ``datamodules`` package is built (a path naming any other callable is refused, never called).
+    """
+    import lightning as L
+
     hp = run.data_hparams
-    module, _, name = str(hp.get("_class_path", "")).rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
+    path = str(hp.get("_class_path", ""))
+    module, _, name = path.rpartition(".")
+    cls = None
+    if module == "datamodules" or module.startswith("datamodules."):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            cls = None
+    if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
         raise SuiteError(
-            f"checkpoint {run.path} records no importable DataModule ({hp.get('_class_path')!r})"
-        ) from None
+            f"checkpoint {run.path} records the DataModule {path!r}; valid: a LightningDataModule of the suite's "
+            "datamodules package (its eval transform becomes timm's pretrained_cfg)"
+        )
     return cls(**{k: v for k, v in hp.items() if not k.startswith("_")})
 
 

@@ -36,8 +36,22 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     tensor = root / "tensor.pt"
     torch.save(torch.ones(3), tensor)
     unsafe = root / "unsafe.ckpt"
-    torch.save({"hyper_parameters": Path("x")}, unsafe)  # a class only an unsafe load would build
-    return {"vit": vit, "lm": lm, "not_a_run": not_a_run, "tensor": tensor, "unsafe": unsafe, "root": root}
+    torch.save({"hyper_parameters": Plant(root / "planted")}, unsafe)
+    calls = torch.load(vit, weights_only=True)
+    calls["datamodule_hyper_parameters"] = {"_class_path": "os.system", "command": f"touch {root / 'ran'}"}
+    torch.save(calls, root / "calls.ckpt")
+    return {"vit": vit, "lm": lm, "not_a_run": not_a_run, "tensor": tensor, "unsafe": unsafe,
+            "calls": root / "calls.ckpt", "root": root}  # fmt: skip
+
+
+class Plant:
+    """Unpickled the unsafe way, this creates a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
 
 
 def error_line(args: list[str], capsys) -> str:
@@ -61,12 +75,15 @@ def test_refusals_are_one_line_and_write_nothing(runs, tmp_path, capsys):
                                    "is not a suite run's checkpoint"),
         "a tensor file": (["--ckpt", str(runs["tensor"]), "--out", str(out)], "holds a Tensor, not a checkpoint dict"),
         "an unsafe pickle": (["--ckpt", str(runs["unsafe"]), "--out", str(out)], "only an unsafe unpickle would build"),
+        "a DataModule path naming any callable": (["--ckpt", str(runs["calls"]), "--out", str(out)],
+                                                  "records the DataModule 'os.system'; valid: a LightningDataModule"),
         "a missing checkpoint": (["--ckpt", str(tmp_path / "none.ckpt"), "--out", str(out)], "does not exist"),
         "no --ckpt": (["--out", str(out)], "the following arguments are required: --ckpt"),
     }  # fmt: skip
     for what, (args, message) in cases.items():
         assert message in error_line(args, capsys), what
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no partial directory
+    assert not (runs["root"] / "planted").exists() and not (runs["root"] / "ran").exists()  # nothing ran
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     line = error_line(["--ckpt", str(runs["lm"]), "--out", str(out)], capsys)
