@@ -4,7 +4,7 @@
     DIR/configuration_suite_lm.py    generated from models/wrappers/hf_config.py
     DIR/modeling_suite_lm.py         generated from models/wrappers/hf_lm.py and every models/ module it uses
     DIR/model.safetensors            the run's weights under ``model.`` (tied head stored once)
-    DIR/generation_config.json       the run's predict settings (temperature, top_k, max_new_tokens), no cache
+    DIR/generation_config.json       the run's predict sampling (temperature, top_k), no cache
     DIR/tokenizer.json, tokenizer_config.json   the run's tokenizer for AutoTokenizer (no remote code)
 
 transformers' own conventions write the folder: the generated classes are imported from a scratch
@@ -70,7 +70,11 @@ def imported(directory: Path, files: dict[str, str]) -> Iterator[dict[str, Modul
 
 
 def generation_config(run: RunCheckpoint, eos: int | None, pad: int | None) -> GenerationConfig:
-    """The run's ``predict`` settings as transformers generation defaults (no KV cache: the model has none)."""
+    """The run's ``predict`` sampling (temperature, top-k) as transformers generation defaults; no KV cache.
+
+    The number of tokens is left to the caller (``max_new_tokens``): a default here would override the
+    ``max_length`` tools such as lm-eval pass.
+    """
     hp = run.hparams
     temperature, top_k = float(hp.get("temperature", 1.0)), hp.get("top_k")
     sampling = temperature > 0
@@ -78,7 +82,6 @@ def generation_config(run: RunCheckpoint, eos: int | None, pad: int | None) -> G
         do_sample=sampling,
         temperature=temperature if sampling else None,
         top_k=int(top_k) if sampling and top_k else None,
-        max_new_tokens=int(hp.get("max_new_tokens", 200)),
         eos_token_id=eos,
         pad_token_id=pad,
         use_cache=False,

@@ -68,6 +68,9 @@ def test_the_folder_is_self_contained_and_loads_with_the_auto_classes(lm_exports
             "AutoModelForCausalLM": "modeling_suite_lm.SuiteLMForCausalLM",
         }
         assert config["trunk"]["norm_scheme"] == exports[name][0].trunk_cfg.norm_scheme
+        generation = json.loads((folder / "generation_config.json").read_text())
+        assert generation["do_sample"] is False and generation["use_cache"] is False  # predict's temperature 0
+        assert "max_new_tokens" not in generation  # the caller's (lm-eval's max_length must not be overridden)
         code = (folder / "modeling_suite_lm.py").read_text()
         assert "from models" not in code and "import models" not in code
         assert sorted(p.suffix for p in folder.glob("model*")) == [".py", ".safetensors"]  # no pickle weights
