@@ -69,6 +69,20 @@ def imported(directory: Path, files: dict[str, str]) -> Iterator[dict[str, Modul
             del sys.modules[name]
 
 
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """transformers' progress bars off for the duration (a one-file save needs no bar on the export's output)."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
 def generation_config(run: RunCheckpoint, eos: int | None, pad: int | None) -> GenerationConfig:
     """The run's ``predict`` sampling (temperature, top-k) as transformers generation defaults; no KV cache.
 
@@ -107,7 +121,8 @@ def write(net: LanguageModel, run: RunCheckpoint, tokenizer, folder: Path, scrat
         model.generation_config = generation_config(run, eos, pad)
         config_class.register_for_auto_class()
         model_class.register_for_auto_class("AutoModelForCausalLM")
-        model.save_pretrained(folder)
+        with _quiet_progress():
+            model.save_pretrained(folder)
     to_transformers(tokenizer, net.max_seq_len).save_pretrained(folder)
 
 

@@ -89,9 +89,9 @@ def folder_size(directory: Path) -> tuple[int, int]:
 
 def human_size(num_bytes: int) -> str:
     """``4718592 -> '4.5 MiB'``."""
-    size = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
+    if num_bytes < 1024:
+        return f"{num_bytes} B"
+    size, units = num_bytes / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while size >= 1024 and len(units) > 1:
+        size, units = size / 1024, units[1:]
+    return f"{size:.1f} {units[0]}"

@@ -64,6 +64,7 @@ def test_the_folder_is_a_diffusers_pipeline_that_needs_nothing_of_the_suite(dit_
             module.hparams.sample_steps, module.hparams.guidance_scale, module.hparams.cfg_channels,
         )  # fmt: skip
         assert (folder / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
+        assert not [p for p in folder.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl")]  # no pickles
         assert (folder / "vae" / "diffusion_pytorch_model.safetensors").is_file() == has_vae
         result = dit_reloaded[name].result
         assert result["suite_importable"] is False and result["transformer_class"] == "SuiteDiTTransformer", name
