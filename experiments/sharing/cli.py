@@ -24,6 +24,7 @@ from pathlib import Path
 
 from experiments.monitoring.records import SUMMARY_FILE
 from experiments.reliability.errors import SuiteError
+from experiments.sharing.card import write_card
 from experiments.sharing.checkpoint import read_run_checkpoint
 from experiments.sharing.output import check_out, folder_size, human_size, staged
 from experiments.sharing.report import ExportOptions
@@ -81,9 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         vae=Path(args.vae) if args.vae else None,
         check=not args.no_check,
     )
-    exporter = importlib.import_module(FORMATS[fmt][1])
-    from experiments.sharing.card import write_card
-
+    exporter = importlib.import_module(FORMATS[fmt][1])  # imports its library (seconds): after every check
     start = time.perf_counter()
     with staged(out, args.overwrite) as (folder, scratch):
         report = exporter.export(run, folder, scratch, options)
