@@ -11,6 +11,7 @@ inside experiments/ each concern imports only the ones below it.
     experiments/results/       reading runs: comparisons, statistics, tables, plots -- never runs anything
     experiments/sweeps/        running grids of runs -- results below it; never the tasks (runs are processes)
     experiments/analysis/, bench/   tools -- never each other, never sweeps
+    experiments/sharing/       export -- tasks, evaluation, monitoring, reliability; never sweeps, other tools, cli
 
 Checked on the source (every import statement, including ones inside functions), so a lazy import
 cannot slip through, and by importing the packages in a fresh interpreter. No module imports itself back
@@ -45,6 +46,7 @@ FORBIDDEN = {
     "experiments/sweeps": {f"experiments.{p}" for p in ("tasks", "analysis", "bench", "cli")},
     "experiments/analysis": {f"experiments.{p}" for p in ("results", "sweeps", "bench")},
     "experiments/bench": {f"experiments.{p}" for p in ("results", "sweeps", "analysis", "cli")},
+    "experiments/sharing": {f"experiments.{p}" for p in ("results", "sweeps", "analysis", "bench", "cli")},
 }
 
 

@@ -14,7 +14,7 @@ from diffusers import DDIMScheduler, DDPMScheduler
 from diffusers.utils.torch_utils import randn_tensor
 from torch import Tensor
 
-from models import DiT
+from models.dit import DiT
 
 SAMPLERS = ("ddpm", "ddim")
 
@@ -73,6 +73,12 @@ def sample_latents(
         out = out if learned else out[:, : latent_shape[0]]  # drop predicted variance where unused
         x = scheduler.step(out, t, x, generator=generator).prev_sample
     return x
+
+
+def decode_latents(vae, latents: Tensor) -> Tensor:
+    """Latents -> uint8 images ``(B, 3, H, W)`` through the VAE decoder (latents scaled back by its factor)."""
+    images = vae.decode(latents / vae.config.scaling_factor).sample
+    return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
 def _normal_kl(mean1: Tensor, logvar1: Tensor, mean2: Tensor, logvar2: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from experiments.tasks.base import TaskModule
-from experiments.tasks.diffusion import check_sampling_settings, make_scheduler, sample_latents, vlb_term
+from experiments.tasks.diffusion import check_sampling_settings, decode_latents, make_scheduler, sample_latents, vlb_term
 from experiments.tasks.dit_evaluation import HELD_OUT, GenerationEvaluation
 from experiments.tasks.dit_prediction import Predictions
 from experiments.tasks.optim import OptimConfig
@@ -177,8 +177,7 @@ class LatentDiffusion(TaskModule):
         )  # fmt: skip
         if not decode:
             return latents
-        images = self.vae.decode(latents / self.vae.config.scaling_factor).sample
-        return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return decode_latents(self.vae, latents)
 
     def on_validation_epoch_end(self) -> None:
         self._val_count += 1

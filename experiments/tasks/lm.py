@@ -18,6 +18,7 @@ from experiments.reliability.checkpointing import stop_requested
 from experiments.tasks.base import TaskModule
 from experiments.tasks.optim import OptimConfig
 from models import LanguageModel, TrunkConfig
+from models.loaders.suite_export import load_suite_export
 
 
 class LanguageModeling(TaskModule):
@@ -34,6 +35,9 @@ class LanguageModeling(TaskModule):
         temperature: sampling temperature for ``predict`` (0 is greedy).
         top_k: sample only from the k most likely tokens.
         downstream: OLMo's downstream tasks scored at the end of ``test`` (``configs/lm/downstream.yaml``).
+        init_from: a folder written by ``python -m experiments export`` to start ``fit`` from (fine-tuning): its
+            weights replace the fresh init (a resumed fit then restores its checkpoint over them; ``test`` and
+            ``predict`` never read it); its trunk must be this one (dropouts and recomputation may differ).
     """
 
     task = "lm"
@@ -51,6 +55,7 @@ class LanguageModeling(TaskModule):
         temperature: Annotated[float, Ge(0)] = 0.8,
         top_k: Annotated[int, Ge(1)] | None = 40,
         downstream: DownstreamConfig | None = None,
+        init_from: str | None = None,
     ) -> None:
         super().__init__(trunk, optim)
         self.save_hyperparameters()
@@ -59,6 +64,11 @@ class LanguageModeling(TaskModule):
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self.ppl = torch.nn.ModuleDict({s: Perplexity() for s in ("val", "test")})
         self.downstream = downstream
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit" and self.hparams.init_from is not None:
+            load_suite_export(self.net, self.hparams.init_from)
 
     def forward(self, idx: Tensor) -> Tensor:
         return self.net(idx)

@@ -37,18 +37,23 @@ for norm3, the MLP branch's norm: ours match them with ``norm_eps`` and ``mlp_no
 Pass the module rather than its state dict when you have it: a state dict cannot tell the head
 count, the norm epsilons or the block type, so those checks only run on modules.
 
-Layout: ``common`` (strict renaming, loading and refusals), ``timm_vit``, ``diffusers_dit``, ``hf_llama``.
+Layout: ``common`` (strict renaming, loading and refusals), ``timm_vit``, ``diffusers_dit``, ``hf_llama``;
+``suite_export`` reads a folder the suite exported itself (``python -m experiments export``) back into a
+``LanguageModel`` of any scheme (same names, no renaming), e.g. to fine-tune it.
 """
 
 from models.loaders.diffusers_dit import dit_from_diffusers, load_diffusers_dit
 from models.loaders.hf_llama import lm_from_llama, load_hf_llama
+from models.loaders.suite_export import lm_from_export, load_suite_export
 from models.loaders.timm_vit import load_timm_vit, vit_from_timm
 
 __all__ = [
     "dit_from_diffusers",
+    "lm_from_export",
     "lm_from_llama",
     "load_diffusers_dit",
     "load_hf_llama",
+    "load_suite_export",
     "load_timm_vit",
     "vit_from_timm",
 ]

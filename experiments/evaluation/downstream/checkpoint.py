@@ -75,17 +75,27 @@ def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> Loaded
         net.load_state_dict(state)
     except RuntimeError as err:
         raise CheckpointError(f"checkpoint {path} does not fit its own hyperparameters: {_first_line(err)}") from None
-    tokenizer = (
-        _load_tokenizer_dir(tokenizer_dir)
-        if tokenizer_dir is not None
-        else _run_tokenizer(payload.get("datamodule_hyper_parameters") or {}, path)
-    )
+    tokenizer = run_tokenizer(payload.get("datamodule_hyper_parameters") or {}, path, tokenizer_dir)
     if tokenizer.vocab_size > net.vocab_size:
         raise SuiteError(
             f"tokenizer has {tokenizer.vocab_size} tokens but {path} was trained with vocab_size={net.vocab_size}; "
             "valid: the tokenizer the run was trained with"
         )
     return LoadedLM(net.eval(), tokenizer, int(payload.get("global_step", 0)), trunk.norm_scheme, path)
+
+
+def run_tokenizer(
+    data_hparams: dict[str, Any], ckpt: str | Path, tokenizer_dir: str | Path | None = None
+) -> TextTokenizer:
+    """The tokenizer a run was trained with: from ``tokenizer_dir`` when given, else found from the run's
+    DataModule hyperparameters (``data_hparams``, as saved in ``ckpt``).
+
+    Raises:
+        SuiteError: one line, when it cannot be found.
+    """
+    if tokenizer_dir is not None:
+        return _load_tokenizer_dir(tokenizer_dir)
+    return _run_tokenizer(data_hparams, Path(ckpt))
 
 
 def _load_tokenizer_dir(directory: str | Path) -> TextTokenizer:

@@ -1,0 +1,99 @@
+"""``python -m experiments export --ckpt RUN/checkpoints/last.ckpt [--format hf|timm|diffusers] --out DIR``.
+
+    LM   -> hf         transformers folder: AutoModelForCausalLM / AutoTokenizer (trust_remote_code=True)
+    ViT  -> timm       timm hub layout: timm.create_model("local-dir:DIR") after importing DIR/suite_vit.py
+    DiT  -> diffusers  pipeline folder: DiffusionPipeline.from_pretrained(DIR, trust_remote_code=True)
+
+The format defaults from the run's task. Refused in one line (exit 2) before any work: an unknown format,
+a format that does not fit the task, an existing DIR without ``--overwrite`` (or one that is not an export
+of this suite), a checkpoint that is not a suite run's. The export is built beside DIR and renamed into
+place only when complete and checked: reloaded in a fresh interpreter without the suite, with the library's
+own calls, its outputs compared with the suite's network (``--no-check`` skips this for very large models).
+The run's ``summary.json`` travels along, so ``python -m experiments compare EXPORTS`` tabulates a folder of
+exports as it does a sweep directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiments.monitoring.records import SUMMARY_FILE
+from experiments.reliability.errors import SuiteError
+from experiments.sharing.card import write_card
+from experiments.sharing.checkpoint import read_run_checkpoint
+from experiments.sharing.output import check_out, folder_size, human_size, staged
+from experiments.sharing.report import ExportOptions
+
+# format -> (the task it exports, the module whose ``export`` writes it)
+FORMATS = {
+    "hf": ("lm", "experiments.sharing.hf"),
+    "timm": ("vit", "experiments.sharing.timm_export"),
+    "diffusers": ("dit", "experiments.sharing.diffusers_export"),
+}
+DEFAULT_FORMAT = {task: name for name, (task, _) in FORMATS.items()}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are the suite's one-line errors (exit 2) instead of usage plus a message."""
+
+    def error(self, message: str) -> None:
+        raise SuiteError(f"export: {message}; see python -m experiments export --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m experiments export", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--ckpt", required=True, help="a run's checkpoint, e.g. runs/lm/tiny/siamese/checkpoints/last.ckpt"
+    )
+    parser.add_argument("--out", required=True, help="the folder to write (must not exist; see --overwrite)")
+    parser.add_argument("--format", default=None, help="hf | timm | diffusers (default: the one for the run's task)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it is an earlier export")
+    parser.add_argument(
+        "--tokenizer", default=None, help="LM: directory of the run's tokenizer if not found from the run"
+    )
+    parser.add_argument(
+        "--vae", default=None, help="DiT: AutoencoderKL directory to ship (default: the run's vae_path)"
+    )
+    parser.add_argument("--no-check", action="store_true", help="skip reloading the export to compare outputs")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exports a checkpoint; prints what was written and how it was checked."""
+    args = build_parser().parse_args(argv)
+    if args.format is not None and args.format not in FORMATS:
+        raise SuiteError(f"--format {args.format!r} is not a format; valid: {', '.join(FORMATS)}")
+    out = Path(args.out)
+    check_out(out, args.overwrite)
+    run = read_run_checkpoint(args.ckpt)
+    fmt = args.format or DEFAULT_FORMAT[run.task]
+    if FORMATS[fmt][0] != run.task:
+        raise SuiteError(
+            f"--format {fmt} exports {FORMATS[fmt][0]} runs but {args.ckpt} is a {run.task} run; "
+            f"valid: --format {DEFAULT_FORMAT[run.task]} (or leave --format out)"
+        )
+    options = ExportOptions(
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        vae=Path(args.vae) if args.vae else None,
+        check=not args.no_check,
+    )
+    exporter = importlib.import_module(FORMATS[fmt][1])  # imports its library (seconds): after every check
+    start = time.perf_counter()
+    with staged(out, args.overwrite) as (folder, scratch):
+        report = exporter.export(run, folder, scratch, options)
+        if run.run_dir is not None and (run.run_dir / SUMMARY_FILE).is_file():  # compare reads a folder of exports
+            shutil.copyfile(run.run_dir / SUMMARY_FILE, folder / SUMMARY_FILE)
+        write_card(run, report, folder)
+    size, files = folder_size(out)
+    print(f"export: {out} ({report.library}, {report.model_class}, scheme {run.scheme}, step {run.step}): "
+          f"{human_size(size)} in {files} files, {time.perf_counter() - start:.1f} s")  # fmt: skip
+    if report.load_s is not None:
+        print(f"check: reloaded without the suite in {report.load_s:.2f} s; " + "; ".join(report.checks))
+    for note in report.notes:
+        print(f"note: {note}")
+    return 0

@@ -1,0 +1,64 @@
+"""The run's tokenizer as a transformers tokenizer that ``AutoTokenizer.from_pretrained`` reads without remote code.
+
+    byte   a byte-level BPE with the 256 byte symbols and no merges: token id = byte value, exactly the
+           suite's ``ByteTokenizer`` (decoding invalid UTF-8 gives U+FFFD, as the suite does)
+    bpe    the run's own ``tokenizer.json`` (a HuggingFace ``tokenizers`` file already), unchanged
+
+Special tokens follow the suite's evaluation adapters (:mod:`experiments.evaluation.downstream.tokenizer`):
+the suite's LMs train on raw text, so there is no BOS; end-of-text and padding are the tokenizer's declared
+end-of-text token when it has one, for bytes id 0 (NUL), else none (a BPE without one).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from experiments.evaluation.downstream.tokenizer import end_of_text_id
+
+if TYPE_CHECKING:
+    from datamodules.text.tokenizers import TextTokenizer
+
+# Text whose ids must agree between the suite's tokenizer and the exported one (checked after the export).
+PROBE_TEXT = "In the beginning God created the heaven and the earth.\n  Tabs\tand ünïcödé, 日本語, emoji 🙂 and 12345."
+
+
+def byte_level_tokenizer() -> Tokenizer:
+    """A ``tokenizers`` Tokenizer whose ids are the UTF-8 bytes: ``"hé" -> [104, 195, 169]``."""
+    symbol = bytes_to_unicode()  # byte -> the printable character byte-level BPE stores it as
+    tokenizer = Tokenizer(models.BPE(vocab={symbol[b]: b for b in range(256)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def to_transformers(tokenizer: TextTokenizer, max_length: int) -> PreTrainedTokenizerFast:
+    """The suite tokenizer as a transformers fast tokenizer (``save_pretrained`` writes tokenizer.json + config).
+
+    Args:
+        tokenizer: the run's tokenizer (byte-level or BPE).
+        max_length: the model's window, recorded as ``model_max_length``.
+    """
+    if tokenizer.kind == "byte":
+        inner, special = byte_level_tokenizer(), 0
+    else:
+        inner, special = Tokenizer.from_str(tokenizer.hf.to_str()), end_of_text_id(tokenizer)
+    token = inner.id_to_token(special) if special is not None else None
+    return PreTrainedTokenizerFast(
+        tokenizer_object=inner,
+        eos_token=token,
+        pad_token=token,
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def special_ids(tokenizer: TextTokenizer) -> tuple[int | None, int | None]:
+    """(end-of-text for generation, padding): the declared end-of-text; for bytes no stop but NUL padding."""
+    if tokenizer.kind == "byte":
+        return None, 0
+    declared = end_of_text_id(tokenizer)
+    return declared, declared
