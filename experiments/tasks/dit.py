@@ -15,7 +15,13 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from experiments.tasks.base import TaskModule
-from experiments.tasks.diffusion import check_sampling_settings, decode_latents, make_scheduler, sample_latents, vlb_term
+from experiments.tasks.diffusion import (
+    check_sampling_settings,
+    decode_latents,
+    make_scheduler,
+    sample_latents,
+    vlb_term,
+)
 from experiments.tasks.dit_evaluation import HELD_OUT, GenerationEvaluation
 from experiments.tasks.dit_prediction import Predictions
 from experiments.tasks.optim import OptimConfig
