@@ -31,12 +31,14 @@ from pathlib import Path
 import lightning as L
 from jsonargparse import ActionYesNo, ArgumentError
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from experiments.monitoring.divergence import DivergenceDetector
+from experiments.monitoring.first_validation import FirstValidationNote
+from experiments.monitoring.model_summary import has_model_summary, model_summary
 from experiments.monitoring.progress_bar import has_progress_bar, progress_bar
 from experiments.monitoring.summary import RunSummary
+from experiments.monitoring.tensorboard import SuiteTensorBoardLogger, epochs_are_the_budget
 from experiments.reliability.checkpointing import (
     LIGHTNING_KEYWORDS,
     AtomicCheckpointIO,
@@ -83,7 +85,8 @@ class SuiteCLI(LightningCLI):
         # Persistent callbacks: added to whatever callbacks the config lists.
         defaults = dict(kwargs.get("trainer_defaults") or {})
         given = defaults.get("callbacks") or []
-        defaults["callbacks"] = [*(given if isinstance(given, list) else [given]), ExactResume(), InterruptCheckpoint()]
+        persistent = [ExactResume(), InterruptCheckpoint(), FirstValidationNote()]
+        defaults["callbacks"] = [*(given if isinstance(given, list) else [given]), *persistent]
         kwargs["trainer_defaults"] = defaults
         super().__init__(L.LightningModule, L.LightningDataModule, *args, **kwargs)
 
@@ -167,8 +170,9 @@ class SuiteCLI(LightningCLI):
     ############################################################## the trainer
 
     def instantiate_trainer(self, **kwargs):
-        """The trainer in the run directory: its logger, default_root_dir, the subcommand's config file name,
-        atomic checkpoint IO and a progress bar without Lightning's version number."""
+        """The trainer in the run directory: its logger (``epoch`` only where epochs are the budget),
+        default_root_dir, the subcommand's config file name, atomic checkpoint IO, a progress bar without
+        Lightning's version number and a model summary without an unmeasured FLOPs count."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer_config = self._get(self.config_init, "trainer", default={})
         run_dir = self._run_dir
@@ -183,8 +187,12 @@ class SuiteCLI(LightningCLI):
                 mark(run_dir, self.subcommand)
             kwargs["default_root_dir"] = str(run_dir)
             if trainer_config.get("logger") in (None, True) and "logger" not in kwargs:
-                kwargs["logger"] = TensorBoardLogger(
-                    save_dir=str(run_dir.parent), name="", version=run_dir.name, default_hp_metric=False
+                kwargs["logger"] = SuiteTensorBoardLogger(
+                    save_dir=str(run_dir.parent),
+                    name="",
+                    version=run_dir.name,
+                    default_hp_metric=False,
+                    log_epoch=epochs_are_the_budget(trainer_config),
                 )
         filename = "config.yaml" if self.subcommand in (None, "fit") else f"config.{self.subcommand}.yaml"
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": filename}
@@ -192,6 +200,9 @@ class SuiteCLI(LightningCLI):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         if trainer_config.get("enable_progress_bar") is not False and not has_progress_bar(trainer_config):
             self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], progress_bar()]
+        if trainer_config.get("enable_model_summary") is not False and not has_model_summary(trainer_config):
+            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], model_summary()]
+            kwargs["enable_model_summary"] = False  # Lightning adds none of its own (nor says it skipped one)
         return super().instantiate_trainer(**kwargs)
 
     def _parse_ckpt_path(self) -> None:

@@ -1,10 +1,18 @@
-"""A TensorBoard "Custom Scalars" layout for a sweep: every run of the sweep on one chart per quantity.
+"""A sweep's TensorBoard views: the "Custom Scalars" layout it writes, and the URL that opens its comparison.
 
 ``tensorboard --logdir runs/<task>/<sweep>`` then shows, under CUSTOM SCALARS
 (``http://localhost:6006/#custom_scalars``), the schemes' losses compared first (validation loss, the
-sweep's metric, training loss), then the stability signals, the residual RMS per block and the norm
-scales, each with a line per run and stream. Only charts whose tags some run logged are included: a
-sweep without ``Diagnostics`` gets no empty "stability" group.
+sweep's metric, training loss), then the stability signals, the residual RMS per block, the norm scales
+and the learning rate, each with a line per run and stream. Only charts whose tags some run logged are
+included: a sweep without ``Diagnostics`` gets no empty "stability" group.
+
+What the log directory cannot decide, the URL can (:func:`comparison_url`). TensorBoard opens on TIME
+SERIES, sorts its groups by tag prefix (``diag/`` < ``test/`` < ``train/`` < ``val/``) and expands the
+first two; its smoothing (0.6) and "ignore outliers" (on) defaults come from the browser's storage. A URL
+may set the tab (``#timeseries``), TIME SERIES' smoothing and pinned cards (query ``smoothing``,
+``pinnedCards``: pins sit above every group) and CUSTOM SCALARS' smoothing (``#custom_scalars&
+_smoothingWeight=0``); "ignore outliers" stays in the browser's storage, so the sweep must log enough
+validation points that dropping each chart's extreme 5 % cannot hide a run.
 
 Where the layout lives: each chart is a tag regex the plugin applies to every run of the log directory,
 and the plugin merges the layouts it finds in all runs (identical charts once). So the layout is written
@@ -15,8 +23,10 @@ Rebuilding the comparison replaces those files, never the runs' own event files.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from urllib.parse import urlencode
 
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -25,6 +35,7 @@ from torch.utils.tensorboard import SummaryWriter
 Layout = dict[str, dict[str, list]]  # {category: {chart title: ["Multiline", [tag regex, ...]]}}
 LAYOUT_SUFFIX = ".sweep_layout"
 EVENTS = "events.out.tfevents.*"
+TENSORBOARD_URL = "http://localhost:6006/"  # TensorBoard's default; it takes the next free port if that one is busy
 
 
 def _exact(tag: str) -> str:
@@ -57,8 +68,26 @@ def run_tags(run_dir: Path) -> set[str]:
     return set(acc.Tags()["scalars"])
 
 
+def loss_tags(metric: str = "val/loss") -> list[str]:
+    """The tags a sweep is compared by, in display order: validation loss, the sweep's metric, training loss."""
+    return list(dict.fromkeys(["val/loss", metric, "train/loss"]))
+
+
+def comparison_url(metric: str = "val/loss", base: str = TENSORBOARD_URL) -> str:
+    """TIME SERIES with the validation loss and the sweep's metric pinned above every group, smoothing off.
+
+    TensorBoard reads both from the query (its ``pinnedCards`` JSON list and ``smoothing``); pins are kept in
+    the browser, so a later visit without the query opens with them too. The training loss is left to its
+    group: still falling fast at the end of a short run, its best run's last points are what "ignore
+    outliers" drops, and the first screen should show every run's end.
+    """
+    pins = [{"plugin": "scalars", "tag": tag} for tag in dict.fromkeys(["val/loss", metric])]
+    query = urlencode({"smoothing": 0, "pinnedCards": json.dumps(pins, separators=(",", ":"))})
+    return f"{base}?{query}#timeseries"
+
+
 def build_layout(metric: str = "val/loss", depth: int | None = None, tags: set[str] | None = None) -> Layout:
-    """The sweep layout: losses first, then stability signals, residual RMS per block, norm scales.
+    """The sweep layout: losses first, then stability signals, residual RMS per block, norm scales, learning rate.
 
     Args:
         metric: the sweep's key metric, charted after the validation loss when it is not ``val/loss``.
@@ -69,10 +98,7 @@ def build_layout(metric: str = "val/loss", depth: int | None = None, tags: set[s
     Returns:
         The layout in the form ``SummaryWriter.add_custom_scalars`` takes, categories in display order.
     """
-    losses = {"val/loss": [_exact("val/loss")]}
-    if metric != "val/loss":
-        losses[metric] = [_exact(metric)]
-    losses["train/loss"] = [_exact("train/loss")]
+    losses = {tag: [_exact(tag)] for tag in loss_tags(metric)}
     stability = {
         "grad norm, global (pre-clip)": [_exact("diag/grad_norm/global")],
         "grad norm per block (pre-clip)": [r"^diag/grad_norm/block_\d+$"],
@@ -89,7 +115,10 @@ def build_layout(metric: str = "val/loss", depth: int | None = None, tags: set[s
         "Y-stream norm N_Y per sublayer": [r"^diag/scale/norm_y/"],
         "branch-input norm N_in per sublayer": [r"^diag/scale/norm_in/"],
     }
-    categories = {"losses": losses, "stability": stability, "residual RMS": rms, "norm scales": scales}
+    schedule = {"learning rate": [r"^train/lr(/|$)"]}  # LearningRateMonitor: train/lr/pg1, train/lr/pg2 ...
+    categories = {
+        "losses": losses, "stability": stability, "residual RMS": rms, "norm scales": scales, "schedule": schedule,
+    }  # fmt: skip
     layout: Layout = {}
     for title, charts in categories.items():
         kept = {

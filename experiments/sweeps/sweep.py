@@ -19,6 +19,8 @@ SIGTERM (the runs save ``interrupted.ckpt`` first; the same command resumes).
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
 import sys
 import time
@@ -30,6 +32,7 @@ import yaml
 from experiments.reliability.errors import SuiteError
 from experiments.results.compare import write_comparison
 from experiments.results.runs import SWEEP_RECORD
+from experiments.results.tb_layout import comparison_url
 from experiments.sweeps.cluster import Submission
 from experiments.sweeps.launchers import (  # noqa: F401 - the names the sweep has always offered
     DONE,
@@ -123,7 +126,18 @@ def compare(spec: SweepSpec, runs: list[Run], sweep_dir: Path, only_done: bool =
     print(outputs["markdown"].read_text())
     for kind, path in outputs.items():
         print(f"{kind:>14}: {path}")
-    print(f"   tensorboard: tensorboard --logdir {sweep_dir}", flush=True)
+    print(f"   tensorboard: {_tensorboard()} --logdir {sweep_dir}")
+    print(f"     then open: {comparison_url(spec.metric)}")
+    note = "(validation curves pinned on top, unsmoothed; if 6006 is taken, the port TensorBoard prints)"
+    print(f"{'':16}{note}", flush=True)
+
+
+def _tensorboard() -> str:
+    """``tensorboard`` when the shell finds it, else the one installed beside this Python (``.venv/bin/...``)."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    if shutil.which("tensorboard") or not beside.is_file():
+        return "tensorboard"
+    return os.path.relpath(beside) if beside.resolve().is_relative_to(Path.cwd().resolve()) else str(beside)
 
 
 def _submitit(spec: SweepSpec, runs: list[Run], sweep_dir: Path, args: argparse.Namespace) -> list[str]:

@@ -87,4 +87,4 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, total_steps: int, steps_
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, warmup, total_steps, cfg.min_lr_ratio, cfg.schedule)
     )
-    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "train/lr"}}

@@ -199,7 +199,7 @@ class AutoencoderTraining(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: warmup_cosine(s, hp.warmup_steps, total, hp.min_lr_ratio, hp.schedule)
         )
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "train/lr"}}
 
     ##################################################################### fit start / end
 

@@ -21,7 +21,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 from experiments.cli import main as cli_main
 from experiments.monitoring.divergence import DivergenceDetector
 from experiments.monitoring.records import RUN_MARKER
-from experiments.results.tb_layout import LAYOUT_SUFFIX
+from experiments.results.tb_layout import LAYOUT_SUFFIX, comparison_url
 from experiments.sweeps import sweep
 from tests.experiments.tiny import tiny_lm
 
@@ -123,6 +123,7 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
     out = capsys.readouterr().out
     assert re.search(r"\[1/2\] siamese-lr0\.001: finished in \d+ s val/loss", out), out
     assert "[2/2] siamese-lr1000: diverged" in out, out
+    assert f"then open: {comparison_url('val/loss')}" in out  # the URL that opens on the losses
     for name in ("comparison.md", "comparison.csv", "curves.png", "stability.png", "metric_vs_lr.png",
                  "depth_profiles.png"):  # fmt: skip
         assert (sweep_dir / name).stat().st_size > 100, name
