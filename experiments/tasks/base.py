@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.monitoring.hparams import declare_hparams
 from experiments.tasks.optim import OptimConfig, build_optimizer
@@ -88,6 +89,21 @@ class TaskModule(L.LightningModule):
         replaced unasked; a task that writes such files (samples, an exported network) lists them here.
         """
         return []
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Outside ``fit`` (validate, test), metrics are logged at the step the checkpoint was saved at, so they sit
+        at the end of the run's training curves in TensorBoard instead of at step 0.
+
+        Lightning restores its loops (and so the logging step) only for ``fit``; the logging step is the fit loop's
+        count of optimizer-stepped batches, read back here from the checkpoint's own record of it.
+        """
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn == TrainerFn.FITTING:
+            return
+        loops = checkpoint.get("loops") or {}
+        stepped = ((loops.get("fit_loop") or {}).get("epoch_loop.state_dict") or {}).get("_batches_that_stepped")
+        if isinstance(stepped, int) and stepped >= 0:
+            trainer.fit_loop.epoch_loop._batches_that_stepped = stepped
 
     def on_fit_start(self) -> None:
         # The HPARAMS row: the short column set, with the metrics declared as columns (values: their scalars).

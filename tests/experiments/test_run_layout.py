@@ -198,6 +198,10 @@ def test_hparams_tab_shows_the_scheme_first_and_the_metrics_as_columns(demo: Pat
     # Declaring a metric column writes no placeholder (NaN) into its chart: every point of val/ppl was measured.
     points = [(e.step, e.value) for e in events.Scalars("val/ppl")]
     assert points and all(math.isfinite(v) for _, v in points), points
+    # validate and test of the 2-step checkpoint log where its training ended (step 1, like fit's own last
+    # validation), not at step 0 before every curve
+    assert [e.step for e in events.Scalars("test/ppl")] == [points[-1][0]] == [1]
+    assert sorted({step for step, _ in points}) == [1]  # fit's validation and validate's, both at the checkpoint
 
 
 def hparam_names(run: Path) -> list[str]:
