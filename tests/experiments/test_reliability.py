@@ -213,8 +213,8 @@ def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path: Path):
 #################################################################################
 
 
-def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout  # generous: a busy machine starts Python slowly
     while not path.exists():
         if proc is not None and proc.poll() is not None:
             pytest.fail(f"the run ended (status {proc.returncode}) before {path} appeared")
