@@ -1,12 +1,13 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   trains the tiny LM under pre / post / siamese on the embedded corpus and compares them
-#   make test   runs the test suite
+#   make test   runs the test suite (every test; one worker per core)
+#   make test-fast  the edit loop: everything but the tests marked slow (training, processes, compiling)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup data test demo lint bench clean
+.PHONY: setup data test test-fast demo lint bench clean
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +31,9 @@ data:
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments sweep configs/sweeps/demo.yaml

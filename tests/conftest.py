@@ -1,9 +1,51 @@
+"""Suite-wide test setup: a fixed RNG per test, and how the tests share the cores (pytest-xdist).
+
+``python -m pytest`` runs the suite on one worker process per core (``-n auto`` in pyproject.toml):
+
+- each worker gets an equal share of the cores for torch's intra-op threads, so two workers never
+  fight over the same core;
+- tests that use a module-scoped fixture run on one worker, back to back, so the fixture (often a
+  trained run) is built once, as in a serial run; tests marked ``xdist_group(PROCESSES)`` (several
+  busy processes at once: DDP ranks, parallel sweep runs) run one after another, never two at a time;
+- the ``slow`` tests are handed out first, so no long test starts last while the other worker idles.
+
+``python -m pytest -n 0`` runs everything in this one process (for ``--pdb``), in file order.
+"""
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# The xdist group of tests that keep several processes busy at once (DDP ranks, parallel sweep runs).
+PROCESSES = "processes"
+_SHARED_SCOPES = ("module", "class")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # this is one of several xdist workers: its share of the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # a serial run keeps file order
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    # Stable: slow tests first, each group of tests still in file order.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -81,6 +81,7 @@ def test_package_imports_stay_in_their_layer(package):
     assert not violations, "; ".join(violations)
 
 
+@pytest.mark.slow
 def test_importing_models_loads_no_lightning():
     code = (
         "import sys, pkgutil, importlib, models\n"

@@ -6,10 +6,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.experiments.parsers import built_once
 
-@pytest.fixture(scope="module")
+
+@pytest.fixture(scope="session", autouse=True)
+def cli_parsers_built_once():
+    """Every in-process command reuses its CLI class's parser (see tests/experiments/parsers.py)."""
+    with built_once():
+        yield
+
+
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> tuple[Path, Path]:
-    """A small UTF-8 corpus (fast to tokenize) and a shard cache directory shared by the module."""
+    """A small UTF-8 corpus (fast to tokenize) and a shard cache directory shared by every test
+    (read-only: a test that changes shards makes its own)."""
     import pydoc_data.topics
 
     root = tmp_path_factory.mktemp("text")

@@ -262,6 +262,7 @@ def test_reference_pair_computes_the_same_loss(task: str):
 @pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile on CPU needs a C++ compiler"
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["pre", "siamese"])
 def test_compiled_trunk_matches_eager(scheme: str):
     """The tiny LM's trunk (one block, to keep the compile short) through inductor, in one graph."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ class ParseOnlyCLI(SuiteCLI):
         pass
 
 
+@functools.cache  # a config stack is parsed once (read-only here): each base config recurs once per scheme
 def parse(*configs: str, extra: tuple[str, ...] = ()):
     args = []
     for cfg in configs:

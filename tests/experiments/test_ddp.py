@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -61,6 +62,8 @@ def train_curve(runs: Path) -> list[tuple[int, float]]:
     return json.loads((runs / "lm" / "tiny" / "pre" / "summary.json").read_text())["train_curve"]
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_two_process_ddp_follows_the_single_process_run(tmp_path: Path, corpus):
     main(lm_args(tmp_path / "one", corpus, 8))  # one process, batch 8 (prepares the shards too)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -98,7 +98,7 @@ def test_vlb_is_zero_when_the_model_matches_the_posterior():
     assert (worse > exact + 1e-3).all()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def latent_cache(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     vae = build_vae([8, 16], layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=16)
@@ -139,7 +139,7 @@ def test_smoke_run_on_a_fresh_clone_needs_no_cache(tmp_path: Path):
     assert not (tmp_path / "data").exists() and not (ROOT / "data" / "latents" / "synthetic").exists()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory, latent_cache: Path) -> tuple[Path, Path]:
     """A 4-step siamese DiT run on the tiny cache: (runs root, last.ckpt)."""
     runs = tmp_path_factory.mktemp("runs")
@@ -264,6 +264,7 @@ def test_fid50k_protocol_on_dit_b2_runs_its_sampling_loop_on_cpu(tmp_path: Path,
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_two_process_ddp_test_samples_and_scores_like_one_process(trained, latent_cache: Path, tmp_path: Path):
     """Through Lightning on 2 CPU processes (gloo): each rank samples its chunks, rank 0 scores, all log."""
     import os

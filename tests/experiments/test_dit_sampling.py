@@ -82,6 +82,8 @@ def _rank(rank: int, world: int, store: str, directory: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_two_gloo_processes_give_the_one_process_samples(tmp_path: Path):
     torch.set_num_threads(1)
     one, two = tmp_path / "one", tmp_path / "two"

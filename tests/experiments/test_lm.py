@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = tiny_lm(quiet=False)  # each run says itself whether it shows the progress bar
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("text")
 

@@ -73,6 +73,7 @@ RESUME_ARGS = (
 )
 
 
+@pytest.mark.slow
 def test_resume_continues_the_uninterrupted_trajectory(tmp_path: Path, corpus, interrupted_run: Path):
     main(lm_args(tmp_path / "full", corpus, *RESUME_ARGS, f"--trainer.max_steps={2 * K}"))
     resumed = tmp_path / "resumed"
@@ -99,6 +100,7 @@ def vit_args(runs: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_image_task_resumed_mid_epoch_continues_the_uninterrupted_trajectory(tmp_path: Path):
     # Stopped at step 5 of an 8-step epoch and resumed to step 10 (across the epoch boundary): the same
     # images in the same order, the same crop / flip / drop-path draws, as the run that never stopped.
@@ -211,8 +213,8 @@ def test_atomic_save_keeps_the_previous_file_when_a_write_fails(tmp_path: Path):
 #################################################################################
 
 
-def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout  # generous: a busy machine starts Python slowly
     while not path.exists():
         if proc is not None and proc.poll() is not None:
             pytest.fail(f"the run ended (status {proc.returncode}) before {path} appeared")
@@ -221,6 +223,7 @@ def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_resumable_checkpoint_and_exits_143(tmp_path: Path, corpus):
     runs = tmp_path / "runs"
     args = lm_args(runs, corpus, "--trainer.val_check_interval=2", "--trainer.max_steps=100000")
@@ -305,7 +308,7 @@ def test_full_disk_is_caught_before_training(tmp_path: Path, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    # the probe write hits a full disk
+    # The probe write hits a full disk.
     monkeypatch.setattr("experiments.reliability.layout.open", full_disk, raising=False)
     with pytest.raises(OutputDirError) as err:
         ensure_writable(tmp_path / "runs" / "lm" / "tiny" / "pre")

@@ -114,6 +114,7 @@ def test_a_saved_fit_config_reruns_under_a_new_name_and_never_over_its_run(demo:
     assert files(demo / "checkpoints") == before
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_a_suite_run_and_nothing_else(tmp_path: Path, corpus, capsys):
     runs = tmp_path / "runs"
     args = lm("fit", corpus, f"--runs_root={runs}", *STEPS)
@@ -166,6 +167,7 @@ def test_help_print_config_and_the_command_list(tmp_path: Path, corpus, capsys):
     assert (tmp_path / "runs" / "lm" / "printed" / "pre" / "checkpoints" / "last.ckpt").is_file()  # named after it
 
 
+@pytest.mark.slow
 def test_a_plain_fit_says_where_its_run_went_and_nothing_else(tmp_path: Path, corpus):
     """The real command line, progress bar on: the run's place is printed, Lightning's advert and noise are not."""
     runs = tmp_path / "runs"
@@ -215,6 +217,7 @@ def hparam_names(run: Path) -> list[str]:
     return [h.name for h in plugin_data_pb2.HParamsPluginData.FromString(content).experiment.hparam_infos]
 
 
+@pytest.mark.slow
 def test_hparams_columns_shows_only_the_named_columns_and_refuses_unknown_ones(tmp_path: Path, corpus, capsys):
     """What a sweep passes: the axes its grid varies; the scheme stays first, a typo is one line."""
     runs = f"--runs_root={tmp_path / 'runs'}"
@@ -238,6 +241,7 @@ class SamplingLM(LanguageModeling):
         return texts
 
 
+@pytest.mark.slow
 def test_predict_files_are_not_replaced_without_overwrite(tmp_path: Path, corpus, capsys):
     overlay = tmp_path / "sampling.yaml"
     overlay.write_text("model:\n  class_path: tests.experiments.test_run_layout.SamplingLM\n")

@@ -23,6 +23,7 @@ from experiments.monitoring.divergence import DivergenceDetector
 from experiments.monitoring.records import RUN_MARKER
 from experiments.results.tb_layout import LAYOUT_SUFFIX, comparison_url
 from experiments.sweeps import sweep
+from tests.experiments.in_process import call_in_process
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,8 @@ def scalar_tags(run_dir: Path) -> list[str]:
     return acc.Tags()["scalars"]
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)  # runs stack configs/norm/<scheme>.yaml relative to the repository
     spec = {
@@ -187,6 +190,7 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
     assert capsys.readouterr().out.count("skipped") == 2 and len(calls) == 5
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     spec = {
@@ -197,7 +201,8 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
         "args": [*TINY, f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=40",
                  "--trainer.val_check_interval=5", "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=1",
                  "--summary.log_every_n_steps=1",
-                 "--trainer.callbacks+=tests.experiments.pacing.Pace", "--trainer.callbacks.seconds=0.1"],
+                 "--trainer.callbacks+=tests.experiments.pacing.HoldForSignal",
+                 f"--trainer.callbacks.ready={tmp_path / 'holding'}", "--trainer.callbacks.at_step=6"],
         "runs_root": str(tmp_path / "runs"),
     }  # fmt: skip
     sweep_file = tmp_path / "stop.yaml"
@@ -207,10 +212,11 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
         [sys.executable, "-m", "experiments", "sweep", str(sweep_file)], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 180
-        while not (first / "checkpoints" / "last.ckpt").exists():  # the first run is training
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never reached its first checkpoint"
+        deadline = time.monotonic() + 300  # a busy machine starts Python slowly
+        while not (tmp_path / "holding").exists():  # the first run holds at step 6, one past its checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never reached step 6"
             time.sleep(0.1)
+        assert (first / "checkpoints" / "last.ckpt").exists()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -222,6 +228,8 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
     assert (first / "checkpoints" / "interrupted.ckpt").exists()
     assert not second.exists() and "[2/2]" not in out  # nothing new started after the signal
 
+    # Starting it again: the resume and the next run in this process (the process side was proven above).
+    monkeypatch.setattr(sweep.Children, "call", call_in_process)
     sweep.main(["sweep", str(sweep_file)])
     out = capsys.readouterr().out
     assert "[1/2] pre-lr0.001: previous attempt interrupted, resuming from its last checkpoint" in out, out

@@ -75,6 +75,7 @@ def step_of(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_local_submitit_sweep_requeues_exactly_and_matches_the_process_launcher(tmp_path: Path, monkeypatch, capsys):
     """Both sweeps run at once (the submitit one in its own process); the submitit run `pre` gets SIGUSR1 at step
     10, is stopped at a step boundary, requeued by submitit and resumed: its curves equal the process launcher's."""

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs/sweeps").glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def parser():
     """The suite's own CLI parser, built once (building it is what costs; parsing a run is cheap)."""
     return ParseOnlyCLI(args=["-c", str(ROOT / "configs/lm/tiny.yaml")], run=False).parser
@@ -62,6 +62,7 @@ def build_on_meta(config, dataset: dict) -> torch.nn.Module:
                    dataset.get("num_classes", 1000), learn_sigma=init.learn_sigma)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SPECS)
 def test_every_run_of_every_shipped_spec_builds_on_the_meta_device(path: str, parser, monkeypatch):
     monkeypatch.chdir(ROOT)

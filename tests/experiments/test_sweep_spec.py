@@ -151,6 +151,7 @@ def test_status_of_a_sweep_that_never_ran_is_one_line(tmp_path: Path, monkeypatc
     assert "holds no sweep yet" in err
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_every_run_crashed_exits_non_zero(tmp_path: Path, monkeypatch, capsys):
     """A real run that fails at once (3 heads do not divide width 32): the sweep says so and exits 1."""
     monkeypatch.chdir(ROOT)

@@ -209,6 +209,7 @@ def test_siamese_keeps_its_second_stream_only():
 #################################################################################
 
 
+@pytest.mark.slow
 def test_recompute_under_torch_compile():
     """A SiameseNorm trunk through dynamo and AOTAutograd with inductor's partitioner (min-cut, decompositions),
     in one graph: the prologue regions trace as checkpoint tags, and outputs and gradients match eager.

@@ -171,6 +171,7 @@ def _peak_rss_kb(inp: Path, out: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_memory_stays_flat_as_the_input_grows(tmp_path: Path):
     big, small = tmp_path / "big" / "corpus.jsonl.zst", tmp_path / "small" / "corpus.jsonl.zst"
     big.parent.mkdir()
@@ -183,6 +184,7 @@ def test_memory_stays_flat_as_the_input_grows(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_a_kill_then_the_same_command_gives_the_same_bytes(tmp_path: Path):
     corpus = tmp_path / "corpus.jsonl.zst"
     _big_jsonl_zst(corpus, 48)

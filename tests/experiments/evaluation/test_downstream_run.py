@@ -61,7 +61,7 @@ def hparams_metrics(run_dir: Path) -> list[list[str]]:
     return declared
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def run(tmp_path_factory) -> Path:
     """A tiny LM trained 4 steps with the in-loop callback every 2 steps, then tested with the overlay."""
     runs = tmp_path_factory.mktemp("downstream") / "runs"
@@ -155,6 +155,7 @@ def test_unknown_task_is_a_one_line_error(run: Path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_two_process_ddp_scores_equal_one_process(run: Path, tmp_path: Path):
     """Each rank scores every other row; ICLMetric gathers them: the same scores as the one-process test."""
     runs = run.parents[2]
