@@ -42,6 +42,31 @@ def test_paired_comparison_equals_scipys_paired_t_test_and_an_exact_enumeration(
     assert v.p_t == pytest.approx(0.011507, abs=1e-6)  # pinned
 
 
+# Seeds listed in another order on each side, seed 3 missing in the middle of the scheme's (it diverged) and
+# seed 6 only on the scheme's: the pairs are seeds 1, 2, 4, 5, whatever the positions.
+SCHEME_BY_SEED = {4: 1.561, 1: 1.512, 6: 1.490, 5: 1.520, 2: 1.538}
+BASE_BY_SEED = {1: 1.530, 2: 1.561, 3: 1.505, 4: 1.560, 5: 1.548}
+
+
+def test_pairs_are_made_by_seed_not_by_position():
+    v = stats.paired(SCHEME_BY_SEED, BASE_BY_SEED)
+    by_hand = {1: 1.512 - 1.530, 2: 1.538 - 1.561, 4: 1.561 - 1.560, 5: 1.520 - 1.548}  # -18, -23, +1, -28 (x 1e-3)
+    assert sorted(v.keys) == [1, 2, 4, 5] and v.n == 4
+    assert dict(zip(v.keys, v.differences, strict=True)) == pytest.approx(by_hand, abs=1e-15)
+    # mean -0.017; deviations -1, -6, +18, -11 (x 1e-3): std = sqrt(482e-6 / 3); t = mean / (std / sqrt(4))
+    std = (482e-6 / 3) ** 0.5
+    assert v.difference.mean == pytest.approx(-0.017, abs=1e-15) and v.difference.std == pytest.approx(std, rel=1e-12)
+    t = -0.017 / (std / 2)
+    assert t == pytest.approx(-2.682354, abs=1e-6)
+    assert v.p_t == pytest.approx(2 * scipy_stats.t.sf(abs(t), df=3), rel=1e-10)
+    assert v.p_t == pytest.approx(0.0748989, abs=1e-7)  # pinned
+    half = 3.1824463052837078 * std / 2  # t_{0.975, 3}
+    assert (v.difference.low, v.difference.high) == pytest.approx((-0.017 - half, -0.017 + half), rel=1e-12)
+    # Sign flips: only flipping seed 4's +0.001 keeps |mean| >= 0.017 (it becomes 0.0175); with the two mirror
+    # images that is 4 of the 16 patterns.
+    assert v.sign_flip_exact and v.p_sign_flip == pytest.approx(4 / 16, abs=1e-12)
+
+
 def test_identical_runs_differ_by_zero_with_p_one():
     v = stats.paired({1: 1.5, 2: 1.6, 3: 1.55}, {1: 1.5, 2: 1.6, 3: 1.55})
     assert v.difference.mean == 0.0 and (v.difference.low, v.difference.high) == (0.0, 0.0)
