@@ -44,6 +44,11 @@ def test_a_finished_run_at_the_baseline_is_stalled():
     assert compare.status_of(summary("pre", 0.05, "finished", 2.69), None) == "finished"
     assert compare.status_of(summary("pre", 0.05, "diverged", 3.5), None) == "diverged"  # not relabelled
     assert compare.status_of(summary("pre", 0.05, "finished", 3.03, baseline=None), None) == "finished"  # unknown
+    # The line itself: 0.9 x 10 = 9.0 exactly; "above" is strict, and the run's own baseline beats the sweep's.
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.0, baseline=10.0), None) == "finished"
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.001, baseline=10.0), None) == "stalled"
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.001, baseline=None), 10.0) == "stalled"
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.001, baseline=20.0), 10.0) == "finished"
 
 
 def test_runs_without_a_baseline_take_the_sweeps():
