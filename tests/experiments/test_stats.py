@@ -98,6 +98,44 @@ def test_many_pairs_sample_sign_patterns_reproducibly():
     assert first.p_t == pytest.approx(scipy_stats.ttest_rel(a, b).pvalue)
 
 
+def all_sign_flips_p(d: np.ndarray) -> float:
+    """The exact two-sided sign-flip p-value by enumerating all 2^n sign patterns (in chunks of 2^16)."""
+    n, observed, hits = len(d), abs(d.mean()), 0
+    for start in range(0, 2**n, 2**16):
+        codes = np.arange(start, min(start + 2**16, 2**n))
+        signs = ((codes[:, None] >> np.arange(n)) & 1) * 2.0 - 1.0  # (patterns, n) of +-1
+        hits += int(np.sum(np.abs(signs @ d / n) >= observed * (1 - 1e-12)))
+    return hits / 2**n
+
+
+def test_sixteen_pairs_are_still_enumerated_exactly():
+    d = np.random.default_rng(5).normal(0.25, 1.0, 16)  # 2^16 patterns: above the 9999 a sampled test draws
+    p, exact = stats.sign_flip_p_value(d)
+    assert exact and p == pytest.approx(all_sign_flips_p(d), abs=1e-12)
+    assert p * 2**16 == pytest.approx(round(p * 2**16), abs=1e-6)  # a count over 65,536 patterns
+
+
+def test_above_sixteen_pairs_the_sign_flip_p_is_sampled_near_the_exact_one():
+    d = np.random.default_rng(11).normal(0.0, 1.0, 20)  # t = 1.11: p about 0.3
+    p, exact = stats.sign_flip_p_value(d)
+    truth = all_sign_flips_p(d)  # 2^20 patterns, by hand
+    assert not exact and 0.05 < truth < 0.95
+    assert p * 10000 == pytest.approx(round(p * 10000), abs=1e-6)  # (hits + 1) / (9999 + 1): a sampled value
+    assert abs(p - truth) < 4 * (truth * (1 - truth) / 9999) ** 0.5 + 1e-4
+
+
+def test_constant_means_equal_up_to_rounding_relative_to_the_values():
+    x = 1000.1
+    twins = stats.estimate([x, float(np.nextafter(x, np.inf))])  # one ulp apart: the same run, rounded differently
+    assert twins.std == 0.0 and twins.low == twins.high == twins.mean
+    apart = stats.estimate([0.5, 0.5 + 1.5e-12])  # 1.5e-12 apart at a scale of 1: a real (tiny) spread
+    assert apart.std > 0 and apart.low < apart.mean < apart.high
+
+
+def test_sign_flip_floor_is_a_probability():
+    assert [stats.sign_flip_floor(n) for n in (0, 1, 2, 3, 16)] == [1.0, 1.0, 0.5, 0.25, 2 / 65536]
+
+
 def test_interval_bands_equal_the_interval_at_every_point():
     curves = np.array([[3.0, 2.0, 1.6], [3.1, 2.2, 1.5], [2.9, 2.1, 1.55]])
     mean, low, high = stats.interval_bands(curves)
