@@ -67,6 +67,25 @@ def test_pairs_are_made_by_seed_not_by_position():
     assert v.sign_flip_exact and v.p_sign_flip == pytest.approx(4 / 16, abs=1e-12)
 
 
+def test_two_pairs_are_tested():
+    v = stats.paired({1: 1.50, 2: 1.40}, {1: 1.53, 2: 1.41})  # differences -0.03, -0.01
+    std = 0.02 / 2**0.5  # |d1 - d2| / sqrt(2)
+    t = -0.02 / (std / 2**0.5)  # = -2
+    assert v.n == 2 and t == pytest.approx(-2.0)
+    assert v.p_t == pytest.approx(2 * scipy_stats.t.sf(2.0, df=1), rel=1e-10)  # 0.2952
+    assert v.p_sign_flip == pytest.approx(0.5) == stats.sign_flip_floor(2)
+
+
+def test_another_confidence_reaches_both_intervals():
+    e = stats.estimate(SAMPLE, confidence=0.9)
+    half = 2.1318467863266495 * np.std(SAMPLE, ddof=1) / np.sqrt(5)  # t_{0.95, 4}
+    assert e.confidence == 0.9 and (e.low, e.high) == pytest.approx((e.mean - half, e.mean + half), rel=1e-12)
+    v = stats.paired(dict(enumerate(SAMPLE)), dict(enumerate(BASE)), confidence=0.9)
+    d = np.subtract(SAMPLE, BASE)
+    half = 2.1318467863266495 * np.std(d, ddof=1) / np.sqrt(5)
+    assert (v.difference.low, v.difference.high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-12)
+
+
 def test_identical_runs_differ_by_zero_with_p_one():
     v = stats.paired({1: 1.5, 2: 1.6, 3: 1.55}, {1: 1.5, 2: 1.6, 3: 1.55})
     assert v.difference.mean == 0.0 and (v.difference.low, v.difference.high) == (0.0, 0.0)
@@ -80,6 +99,7 @@ def test_one_replicate_has_no_interval():
     assert fmt_estimate(e) == "1.514 (n = 1)"  # never "±"
     v = stats.paired({7: 1.5}, {7: 1.6})
     assert v.n == 1 and v.p_t is None and v.p_sign_flip is None and v.difference.half_width is None
+    assert v.differences == pytest.approx((-0.1,)) and v.difference.mean == pytest.approx(-0.1)
     assert stats.estimate([]) is None and stats.paired({1: 1.0}, {2: 1.0}) is None  # no common seed
 
 
