@@ -101,6 +101,8 @@ def test_one_replicate_has_no_interval():
     assert v.n == 1 and v.p_t is None and v.p_sign_flip is None and v.difference.half_width is None
     assert v.differences == pytest.approx((-0.1,)) and v.difference.mean == pytest.approx(-0.1)
     assert stats.estimate([]) is None and stats.paired({1: 1.0}, {2: 1.0}) is None  # no common seed
+    assert stats.estimate([1.5], confidence=0.9).confidence == 0.9  # the coverage is recorded in every case
+    assert stats.estimate([2.0, 2.0], confidence=0.9).confidence == 0.9
 
 
 def test_a_constant_offset_has_no_t_test_but_a_sign_flip_test():
@@ -157,9 +159,10 @@ def test_sign_flip_floor_is_a_probability():
 
 
 def test_interval_bands_equal_the_interval_at_every_point():
-    curves = np.array([[3.0, 2.0, 1.6], [3.1, 2.2, 1.5], [2.9, 2.1, 1.55]])
+    curves = np.array([[3.0, 2.0, 1.6, 1.4], [3.1, 2.2, 1.5, 1.45], [2.9, 2.1, 1.55, 1.3]])  # 3 seeds x 4 steps
     mean, low, high = stats.interval_bands(curves)
-    for j in range(3):
+    assert high[3] - mean[3] == pytest.approx(4.302652729749462 * np.std([1.4, 1.45, 1.3], ddof=1) / np.sqrt(3))
+    for j in range(4):
         e = stats.estimate(curves[:, j])
         assert (mean[j], low[j], high[j]) == pytest.approx((e.mean, e.low, e.high), rel=1e-12)
     one = stats.interval_bands(curves[:1])
