@@ -193,6 +193,8 @@ def test_precision_and_recall_equal_a_hand_count_of_knn_balls() -> None:
         torch.tensor(REAL_POINTS, dtype=torch.float32), torch.tensor(FAKE_POINTS, dtype=torch.float32)
     )
     assert ours == pytest.approx(by_hand, abs=1e-12)
+    real32, fake32 = torch.tensor(REAL_POINTS, dtype=torch.float32), torch.tensor(FAKE_POINTS, dtype=torch.float32)
+    assert precision_recall(real32, fake32, k=2) == pytest.approx(knn_precision_recall(real, fake, k=2), abs=1e-6)
 
 
 def frechet_distance(mu_a: np.ndarray, s_a: np.ndarray, mu_b: np.ndarray, s_b: np.ndarray) -> float:
@@ -240,6 +242,8 @@ def test_kid_equals_the_unbiased_mmd_by_hand() -> None:
     assert size == 12 and expected > 0.05
     assert mean == pytest.approx(expected, rel=1e-5) and std < 1e-6 * expected
     assert kid(real, fake[:7])[2] == kid(real[:7], fake)[2] == 7  # subsets as large as the smaller side
+    many = torch.randn(1001, 2, generator=gen)
+    assert kid(many, many + 1.0)[2] == 1000  # and never above 1000 (Binkowski et al.)
 
 
 def one_hot_logits(n: int, classes: int, peak: float) -> torch.Tensor:
@@ -291,6 +295,8 @@ def test_score_generation_scores_the_samples_against_the_reference() -> None:
     assert scores.values["kid_mean"] == kid(real, fake)[0] and scores.details["kid_subset_size"] == 6
     assert scores.details["pr_k"] == 3 and scores.details["samples"] == 6
     assert scores.unavailable == {"is": "no classifier logits were extracted"}
+    proxy = score_generation(samples, reference, real, proxy=True)  # the proxy network's: other names
+    assert proxy.values == {f"{name}_proxy": value for name, value in scores.values.items()}
 
 
 def test_score_generation_reports_the_inception_score_of_the_samples_logits() -> None:
@@ -301,3 +307,5 @@ def test_score_generation_reports_the_inception_score_of_the_samples_logits() ->
     is_10, is_11 = is_of_distinct_confident_rows(10, 128, 6.0), is_of_distinct_confident_rows(11, 128, 6.0)
     assert scores.values["is_mean"] == pytest.approx((is_10 + is_11) / 2, rel=1e-6)  # logits kept in float32
     assert scores.values["fid"] == pytest.approx(0.0, abs=1e-9)
+    note = "the reference has statistics only (no images or features)"
+    assert scores.unavailable == {"kid": note, "precision_recall": note}

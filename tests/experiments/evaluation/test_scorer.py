@@ -217,10 +217,20 @@ def test_averages_and_metric_names_from_hand_written_scores():
     })  # fmt: skip
     assert results.rows == 65 and results.seconds == 5.0
     lines = results.to_markdown().splitlines()
+    assert lines[:2] == ["| task | metric | score (%) | ce_loss | bpb | questions | rows | rows/s |", "|" + "---|" * 8]
     assert lines[2] == "| copa | acc | 50.00 | 1.1000 | 1.2000 | 10 | 20 | 10 |"
     assert lines[4] == "| wikitext | bpb | 2.5000 | - | 2.5000 | 5 | 5 | 5 |"
     assert lines[5] == "| average (3 tasks) | | **37.50** | | **1.5000** | 25 | 65 | 13 |"
     assert DownstreamResults([]).averages() == {}
+    # What is missing shows as "-": no accuracy task, no bpb, no time measured; half a second is a rate.
+    untimed = DownstreamResults([TaskResult("wikitext", "bpb", {"bpb": 2.5}, 5, 5, 0.0)]).to_markdown()
+    assert untimed.splitlines()[2:] == [
+        "| wikitext | bpb | 2.5000 | - | 2.5000 | 5 | 5 | - |", "| average (1 tasks) | | - | | **2.5000** | 5 | 5 | - |"
+    ]  # fmt: skip
+    quick = DownstreamResults([TaskResult("copa", "acc", {"acc": 0.5}, 5, 10, 0.5)]).to_markdown()
+    assert quick.splitlines()[2:] == [
+        "| copa | acc | 50.00 | - | - | 5 | 10 | 20 |", "| average (1 tasks) | | **50.00** | | - | 5 | 10 | 20 |"
+    ]  # fmt: skip
 
 
 def test_task_scores_report_the_v2_values():
