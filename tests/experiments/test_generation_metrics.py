@@ -309,3 +309,31 @@ def test_score_generation_reports_the_inception_score_of_the_samples_logits() ->
     assert scores.values["fid"] == pytest.approx(0.0, abs=1e-9)
     note = "the reference has statistics only (no images or features)"
     assert scores.unavailable == {"kid": note, "precision_recall": note}
+
+
+def test_each_metric_starts_at_its_smallest_valid_set() -> None:
+    two = FeatureSet(dim=2)
+    two.add(torch.tensor([[1.0, 2.0], [3.0, 6.0]]))
+    mu, sigma, n = two.stats()  # two images: the smallest set with a covariance
+    assert n == 2 and mu.tolist() == [2.0, 4.0] and sigma.tolist() == [[2.0, 4.0], [4.0, 8.0]]  # ddof = 1 by hand
+    one = FeatureSet(dim=2)
+    one.add(torch.tensor([[1.0, 2.0]]))
+    with pytest.raises(ValueError, match="need at least 2 images for FID statistics, got 1"):
+        one.stats()
+    with pytest.raises(ValueError, match="reference statistics have 3 features, the samples 2"):
+        fid_from_stats(RealStats(np.zeros(3), np.eye(3), 5), two.stats())
+    # P / R and KID need more than k = 3 images a side; IS needs one sample per split.
+    real = torch.tensor(REAL_POINTS, dtype=torch.float32)
+    for size, scored in ((4, True), (3, False)):
+        samples = FeatureSet(dim=2)
+        samples.add(torch.tensor(FAKE_POINTS[:size], dtype=torch.float32))
+        scores = score_generation(samples, samples.stats(), real)
+        assert ("precision" in scores.values) == ("kid_mean" in scores.values) == scored
+    assert scores.unavailable["kid"] == "need more than 3 images per side, have 8 / 3"
+    logits = one_hot_logits(10, 16, peak=6.0)
+    for size, scored in ((10, True), (9, False)):
+        samples = FeatureSet(dim=2)
+        samples.add(torch.randn(size, 2, generator=torch.Generator().manual_seed(size)), logits[:size])
+        scores = score_generation(samples, samples.stats(), None)
+        assert ("is_mean" in scores.values) == scored
+    assert scores.unavailable["is"] == "need at least 10 samples for 10 splits, have 9"
