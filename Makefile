@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup data test test-fast demo lint bench clean
+.PHONY: setup data test test-fast demo lint bench clean mutate
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,7 +45,14 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m experiments.bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache mutants
+
+# Mutation testing of the code behind the reported numbers ([tool.mutmut] in pyproject.toml, docs/testing.md).
+# All of it takes hours on 2 cores; one part: make mutate MUTANTS='experiments.results.stats*'
+MUTANTS ?=
+mutate: setup
+	HF_HUB_OFFLINE=1 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
 
 # The tiny DiT comparison from nothing, one resumable command (each step skips what already exists):
 # VAE fit (resumes its newest checkpoint) -> latent cache (resumes / "cache exists") -> DiT pre vs siamese

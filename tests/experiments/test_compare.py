@@ -44,6 +44,11 @@ def test_a_finished_run_at_the_baseline_is_stalled():
     assert compare.status_of(summary("pre", 0.05, "finished", 2.69), None) == "finished"
     assert compare.status_of(summary("pre", 0.05, "diverged", 3.5), None) == "diverged"  # not relabelled
     assert compare.status_of(summary("pre", 0.05, "finished", 3.03, baseline=None), None) == "finished"  # unknown
+    # The line itself: 0.9 x 10 = 9.0 exactly; "above" is strict, and the run's own baseline beats the sweep's.
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.0, baseline=10.0), None) == "finished"
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.001, baseline=10.0), None) == "stalled"
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.001, baseline=None), 10.0) == "stalled"
+    assert compare.status_of(summary("pre", 0.05, "finished", 9.001, baseline=20.0), 10.0) == "finished"
 
 
 def test_runs_without_a_baseline_take_the_sweeps():
@@ -172,6 +177,31 @@ def test_cells_show_mean_ci_n_and_the_paired_difference_with_scipys_values(tmp_p
     assert float(cells[1]["val/loss diff_ci_low"]) == pytest.approx(diff.low, rel=1e-12)
     assert cells[1]["finished"] == "3" and cells[1]["val/loss n"] == "3"
     assert cells[1]["val/loss"] == rows[3][1] and cells[1]["Δ val/loss"] == rows[3][2]  # the markdown's text
+
+
+def test_cells_pair_runs_by_seed_whatever_the_order_and_gaps(tmp_path: Path):
+    """The scheme's runs listed in another order than the baseline's, its seed 2 diverged (a gap in the middle)
+    and its seed 5 without a baseline run: the difference is over seeds 1, 3 and 4, each with its own baseline."""
+    pre = {1: 1.530, 2: 1.561, 3: 1.505, 4: 1.560}
+    siamese = {3: 1.497, 1: 1.512, 2: None, 5: 1.470, 4: 1.540}
+    runs = []
+    for scheme, by_seed in (("pre", pre), ("siamese", siamese)):
+        for seed, value in by_seed.items():
+            status = "finished" if value is not None else "diverged"
+            runs.append(({"name": f"{scheme}-s{seed}", "scheme": scheme, "seed": seed},
+                         summary(scheme, 0.01, status, value)))  # fmt: skip
+    write_sweep(tmp_path, runs)
+    cell = Tables(tmp_path).cells_csv[1]
+    d = np.array([1.512 - 1.530, 1.497 - 1.505, 1.540 - 1.560])  # seeds 1, 3, 4: -18, -8, -20 (x 1e-3)
+    mean, se = d.mean(), d.std(ddof=1) / np.sqrt(3)
+    half = 4.302652729749462 * se  # t_{0.975, 2}
+    assert cell["scheme"] == "siamese" and cell["val/loss diff_n"] == "3" and cell["diverged"] == "1"
+    assert float(cell["val/loss diff_mean"]) == pytest.approx(-0.046 / 3, rel=1e-12)
+    assert float(cell["val/loss diff_ci_low"]) == pytest.approx(mean - half, rel=1e-12)
+    assert float(cell["val/loss diff_ci_high"]) == pytest.approx(mean + half, rel=1e-12)
+    assert float(cell["val/loss p_paired_t"]) == pytest.approx(2 * scipy_stats.t.sf(abs(mean) / se, df=2), rel=1e-10)
+    assert float(cell["val/loss p_sign_flip"]) == pytest.approx(0.25)  # all three negative: 2 of 8 patterns
+    assert float(cell["val/loss mean"]) == pytest.approx((1.497 + 1.512 + 1.470 + 1.540) / 4, rel=1e-12)
 
 
 def test_cells_come_from_the_grid_not_the_summarys_scheme(tmp_path: Path):

@@ -121,6 +121,11 @@ def run(sub: str, runs: Path, cache: Path, *extra: str, scheme: str = "pre") -> 
 @pytest.mark.parametrize("scheme", [s.value for s in NormScheme])
 def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, latent_cache: Path):
     run("fit", tmp_path, latent_cache, "--trainer.fast_dev_run=2", scheme=scheme)
+    run_dir = tmp_path / "dit" / "tiny" / scheme
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["steps"], summary["scheme"]) == ("finished", 2, scheme)
+    assert np.isfinite(summary["final_val"]["val/loss"]) and summary["final_val"]["val/loss"] > 0
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize("scheme", ["pre", "siamese"])

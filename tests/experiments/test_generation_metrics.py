@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.linalg
 import torch
 
 import experiments.evaluation.fid.weights as fid_weights
@@ -21,9 +23,11 @@ from experiments.evaluation.fid import (
     save_real_stats,
 )
 from experiments.evaluation.fid.cli import main
+from experiments.evaluation.fid.stats import RealStats
 from experiments.evaluation.generation import (
     FeatureSet,
     extract_features,
+    fid_from_stats,
     inception_score,
     kid,
     precision_recall,
@@ -150,3 +154,186 @@ def test_inception_score_only_with_a_real_classifier(converted, tmp_path: Path) 
     scores = score_generation(fs, fs.stats(), None)
     mean, std = inception_score(fs.stacked_logits())
     assert scores.values["is_mean"] == pytest.approx(mean) and mean >= 1.0 and std >= 0.0
+
+
+##################################################################################
+#            Each metric against a value computed here, by other means            #
+##################################################################################
+
+# Two small point sets whose precision and recall differ (so exchanging real and fake changes both), and whose
+# k = 2 and k = 4 values differ from the k = 3 ones. Integer coordinates: every distance is exact in float32,
+# and no sample lies within 0.1 of a ball's edge.
+REAL_POINTS = [[8, 7], [0, 2], [5, 7], [1, 3], [5, 5], [0, 0], [5, 0], [5, 4]]
+FAKE_POINTS = [[11, 6], [11, 12], [12, 6], [3, 12], [12, 3], [6, 8]]
+
+
+def knn_precision_recall(real: np.ndarray, fake: np.ndarray, k: int) -> tuple[float, float]:
+    """Kynkaanniemi et al. (2019) with explicit loops: a set's manifold is the union of balls around its points,
+    each reaching the point's k-th nearest other point of the same set. Precision: the fraction of fake points
+    inside the real manifold; recall: the fraction of real points inside the fake one."""
+
+    def radii(points: np.ndarray) -> list[float]:
+        return [sorted(float(np.linalg.norm(p - q)) for j, q in enumerate(points) if j != i)[k - 1]
+                for i, p in enumerate(points)]  # fmt: skip
+
+    def inside(points: np.ndarray, centres: np.ndarray) -> float:
+        r = radii(centres)
+        hits = [any(np.linalg.norm(p - c) <= r[j] for j, c in enumerate(centres)) for p in points]
+        return sum(hits) / len(points)
+
+    return inside(fake, real), inside(real, fake)
+
+
+def test_precision_and_recall_equal_a_hand_count_of_knn_balls() -> None:
+    real, fake = np.array(REAL_POINTS, np.float64), np.array(FAKE_POINTS, np.float64)
+    by_hand = knn_precision_recall(real, fake, k=3)
+    assert by_hand == (3 / 6, 6 / 8)  # 3 of the 6 samples are real-looking; 6 of the 8 real points are covered
+    assert knn_precision_recall(real, fake, k=2) != by_hand != knn_precision_recall(real, fake, k=4)
+    ours = precision_recall(
+        torch.tensor(REAL_POINTS, dtype=torch.float32), torch.tensor(FAKE_POINTS, dtype=torch.float32)
+    )
+    assert ours == pytest.approx(by_hand, abs=1e-12)
+    real32, fake32 = torch.tensor(REAL_POINTS, dtype=torch.float32), torch.tensor(FAKE_POINTS, dtype=torch.float32)
+    assert precision_recall(real32, fake32, k=2) == pytest.approx(knn_precision_recall(real, fake, k=2), abs=1e-6)
+
+
+def frechet_distance(mu_a: np.ndarray, s_a: np.ndarray, mu_b: np.ndarray, s_b: np.ndarray) -> float:
+    """||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)), with scipy's matrix square root."""
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a + s_b - 2 * scipy.linalg.sqrtm(s_a @ s_b).real))
+
+
+def test_fid_from_statistics_equals_the_frechet_distance_by_hand() -> None:
+    # Covariances that do not commute (so the square root is not that of each), means 1.5 apart.
+    mu_r, mu_g = np.array([1.0, 2.0, -0.5]), np.array([0.0, 2.5, 0.5])
+    a, b = (
+        np.array([[2.0, 0.3, 0.0], [0.0, 1.0, 0.5], [0.4, 0.0, 1.5]]),
+        np.array([[1.0, 0.0, 0.2], [0.6, 0.8, 0.0], [0.0, 0.3, 2.0]]),
+    )
+    s_r, s_g = a @ a.T, b @ b.T
+    expected = frechet_distance(mu_r, s_r, mu_g, s_g)
+    mean_term = float(((mu_r - mu_g) ** 2).sum())
+    assert mean_term == 2.25 and expected == pytest.approx(
+        3.7917490, abs=1e-6
+    )  # pinned: mean term 2.25 + trace term 1.54
+    assert fid_from_stats(RealStats(mu_r, s_r, 10), RealStats(mu_g, s_g, 20)) == pytest.approx(expected, rel=1e-10)
+    assert fid_from_stats(RealStats(mu_r, s_r, 10), RealStats(mu_r, s_r, 10)) == pytest.approx(0.0, abs=1e-10)
+
+
+def kid_by_hand(x: np.ndarray, y: np.ndarray) -> float:
+    """Unbiased MMD^2 with the cubic polynomial kernel k(a, b) = (a.b / d + 1)^3 (Binkowski et al., 2018)."""
+    m, d = len(x), x.shape[1]
+
+    def k(a, b):
+        return (float(np.dot(a, b)) / d + 1.0) ** 3
+
+    xx = sum(k(x[i], x[j]) for i in range(m) for j in range(m) if i != j) / (m * (m - 1))
+    yy = sum(k(y[i], y[j]) for i in range(m) for j in range(m) if i != j) / (m * (m - 1))
+    xy = sum(k(x[i], y[j]) for i in range(m) for j in range(m)) / (m * m)
+    return xx + yy - 2 * xy
+
+
+def test_kid_equals_the_unbiased_mmd_by_hand() -> None:
+    gen = torch.Generator().manual_seed(0)
+    real = torch.randn(12, 4, generator=gen)
+    fake = torch.randn(12, 4, generator=gen) * 0.7 + 0.4
+    # 12 images a side: every subset is the whole set, so each of the 100 subset estimates is the full-set one.
+    mean, std, size = kid(real, fake)
+    expected = kid_by_hand(real.double().numpy(), fake.double().numpy())
+    assert size == 12 and expected > 0.05
+    assert mean == pytest.approx(expected, rel=1e-5) and std < 1e-6 * expected
+    assert kid(real, fake[:7])[2] == kid(real[:7], fake)[2] == 7  # subsets as large as the smaller side
+    many = torch.randn(1001, 2, generator=gen)
+    assert kid(many, many + 1.0)[2] == 1000  # and never above 1000 (Binkowski et al.)
+
+
+def one_hot_logits(n: int, classes: int, peak: float) -> torch.Tensor:
+    """Row i puts logit ``peak`` on class i and 0 elsewhere: every row is confident, each about another class."""
+    logits = torch.zeros(n, classes, dtype=torch.float64)
+    logits[torch.arange(n), torch.arange(n)] = peak
+    return logits
+
+
+def is_of_distinct_confident_rows(n: int, classes: int, peak: float) -> float:
+    """exp(E_x KL(p(y|x) || p(y))) over n rows of ``one_hot_logits`` (closed form: the rows are alike up to
+    relabelling). p(y|x) is p_hi on x's class and p_lo elsewhere; p(y) is (p_hi + (n-1) p_lo) / n on the n
+    classes the rows name and p_lo on the others, which add nothing to the KL."""
+    p_hi, p_lo = math.exp(peak) / (math.exp(peak) + classes - 1), 1 / (math.exp(peak) + classes - 1)
+    q = (p_hi + (n - 1) * p_lo) / n
+    return math.exp(p_hi * math.log(p_hi / q) + (n - 1) * p_lo * math.log(p_lo / q))
+
+
+def test_inception_score_equals_the_closed_form_per_split() -> None:
+    # 105 rows in 10 splits of 105 * i // 10 rows: sizes 10, 11, 10, 11, ... whichever rows (shuffled) fall in each.
+    logits = one_hot_logits(105, 128, peak=6.0)
+    is_10, is_11 = is_of_distinct_confident_rows(10, 128, 6.0), is_of_distinct_confident_rows(11, 128, 6.0)
+    assert (is_10, is_11) == pytest.approx((5.31955, 5.67901), abs=1e-5)  # pinned
+    mean, std = inception_score(logits)
+    assert mean == pytest.approx((is_10 + is_11) / 2, rel=1e-10)
+    assert std == pytest.approx((is_11 - is_10) / 2, rel=1e-8)  # population std of five of each
+    # Rows that are not alike: one split, the KL by hand. Exchanging the KL's arguments would change it.
+    random = torch.randn(30, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+    p = random.softmax(1).numpy()
+    marginal = p.mean(0)
+    kl = [sum(p[i, c] * math.log(p[i, c] / marginal[c]) for c in range(7)) for i in range(30)]
+    assert inception_score(random, splits=1) == pytest.approx((math.exp(np.mean(kl)), 0.0), rel=1e-10, abs=1e-12)
+
+
+def test_score_generation_scores_the_samples_against_the_reference() -> None:
+    """Each number of the report, from features given directly: which side is which matters for P / R."""
+    real, fake = torch.tensor(REAL_POINTS, dtype=torch.float32), torch.tensor(FAKE_POINTS, dtype=torch.float32)
+    samples = FeatureSet(dim=2)
+    samples.add(fake[:4])
+    samples.add(fake[4:])
+    r = real.double().numpy()
+    reference = RealStats(r.mean(0), np.cov(r, rowvar=False), len(r))
+    scores = score_generation(samples, reference, real)
+    f = fake.double().numpy()
+    assert scores.values["fid"] == pytest.approx(
+        frechet_distance(r.mean(0), np.cov(r, rowvar=False), f.mean(0), np.cov(f, rowvar=False)), rel=1e-10
+    )
+    assert (scores.values["precision"], scores.values["recall"]) == (3 / 6, 6 / 8)
+    assert scores.values["kid_mean"] == kid(real, fake)[0] and scores.details["kid_subset_size"] == 6
+    assert scores.details["pr_k"] == 3 and scores.details["samples"] == 6
+    assert scores.unavailable == {"is": "no classifier logits were extracted"}
+    proxy = score_generation(samples, reference, real, proxy=True)  # the proxy network's: other names
+    assert proxy.values == {f"{name}_proxy": value for name, value in scores.values.items()}
+
+
+def test_score_generation_reports_the_inception_score_of_the_samples_logits() -> None:
+    samples = FeatureSet(dim=3)
+    logits = one_hot_logits(105, 128, peak=6.0)
+    samples.add(torch.randn(105, 3, generator=torch.Generator().manual_seed(1)), logits)
+    scores = score_generation(samples, samples.stats(), None)
+    is_10, is_11 = is_of_distinct_confident_rows(10, 128, 6.0), is_of_distinct_confident_rows(11, 128, 6.0)
+    assert scores.values["is_mean"] == pytest.approx((is_10 + is_11) / 2, rel=1e-6)  # logits kept in float32
+    assert scores.values["fid"] == pytest.approx(0.0, abs=1e-9)
+    note = "the reference has statistics only (no images or features)"
+    assert scores.unavailable == {"kid": note, "precision_recall": note}
+
+
+def test_each_metric_starts_at_its_smallest_valid_set() -> None:
+    two = FeatureSet(dim=2)
+    two.add(torch.tensor([[1.0, 2.0], [3.0, 6.0]]))
+    mu, sigma, n = two.stats()  # two images: the smallest set with a covariance
+    assert n == 2 and mu.tolist() == [2.0, 4.0] and sigma.tolist() == [[2.0, 4.0], [4.0, 8.0]]  # ddof = 1 by hand
+    one = FeatureSet(dim=2)
+    one.add(torch.tensor([[1.0, 2.0]]))
+    with pytest.raises(ValueError, match="need at least 2 images for FID statistics, got 1"):
+        one.stats()
+    with pytest.raises(ValueError, match="reference statistics have 3 features, the samples 2"):
+        fid_from_stats(RealStats(np.zeros(3), np.eye(3), 5), two.stats())
+    # P / R and KID need more than k = 3 images a side; IS needs one sample per split.
+    real = torch.tensor(REAL_POINTS, dtype=torch.float32)
+    for size, scored in ((4, True), (3, False)):
+        samples = FeatureSet(dim=2)
+        samples.add(torch.tensor(FAKE_POINTS[:size], dtype=torch.float32))
+        scores = score_generation(samples, samples.stats(), real)
+        assert ("precision" in scores.values) == ("kid_mean" in scores.values) == scored
+    assert scores.unavailable["kid"] == "need more than 3 images per side, have 8 / 3"
+    logits = one_hot_logits(10, 16, peak=6.0)
+    for size, scored in ((10, True), (9, False)):
+        samples = FeatureSet(dim=2)
+        samples.add(torch.randn(size, 2, generator=torch.Generator().manual_seed(size)), logits[:size])
+        scores = score_generation(samples, samples.stats(), None)
+        assert ("is_mean" in scores.values) == scored
+    assert scores.unavailable["is"] == "need at least 10 samples for 10 splits, have 9"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from experiments.cli import main
+from experiments.cli import SaveConfigCallback, SuiteCLI, main
 from models.schemes import NormScheme
 from tests.experiments.tiny import tiny_lm
 
@@ -40,6 +41,10 @@ def run(sub: str, runs: Path, data_dir: Path, *extra: str, scheme: str = "pre") 
 @pytest.mark.parametrize("scheme", [s.value for s in NormScheme])
 def test_fast_dev_run_every_scheme(scheme: str, tmp_path: Path, data_dir: Path):
     run("fit", tmp_path, data_dir, "--trainer.fast_dev_run=2", scheme=scheme)
+    summary = _summary(tmp_path, scheme)
+    assert (summary["status"], summary["steps"], summary["scheme"]) == ("finished", 2, scheme)
+    assert math.isfinite(summary["final_val"]["val/loss"]) and summary["final_val"]["val/loss"] > 0
+    assert (tmp_path / "lm" / "tiny" / scheme / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize("cell", ["pre-dyt-llama", "siamese-dyt-llama"])
@@ -54,12 +59,15 @@ def test_fast_dev_run_dyt_stacked_on_a_scheme(tmp_path: Path, data_dir: Path):
 
 
 def test_moe_fast_dev_run_logs_aux_loss(tmp_path: Path, data_dir: Path):
-    main(
-        ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / "configs/lm/moe-tiny.yaml"),
-         f"--runs_root={tmp_path}", f"--trainer.default_root_dir={tmp_path}", f"--data.init_args.data_dir={data_dir}",
-         "--trainer.fast_dev_run=2",
-         "--trainer.enable_progress_bar=false", *TINY, "--model.init_args.trunk.moe_hidden=32"]
+    cli = SuiteCLI(
+        args=["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / "configs/lm/moe-tiny.yaml"),
+              f"--runs_root={tmp_path}", f"--trainer.default_root_dir={tmp_path}",
+              f"--data.init_args.data_dir={data_dir}", "--trainer.fast_dev_run=2",
+              "--trainer.enable_progress_bar=false", *TINY, "--model.init_args.trunk.moe_hidden=32"],
+        save_config_callback=SaveConfigCallback,
     )  # fmt: skip
+    aux = float(cli.trainer.callback_metrics["train/moe_aux"])
+    assert 1.5 < aux < 3.0, aux  # E * sum_e f_e P_e is about 1 per MoE block for a fresh router; 2 blocks
 
 
 def _summary(runs: Path, name: str) -> dict:

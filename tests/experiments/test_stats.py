@@ -42,6 +42,50 @@ def test_paired_comparison_equals_scipys_paired_t_test_and_an_exact_enumeration(
     assert v.p_t == pytest.approx(0.011507, abs=1e-6)  # pinned
 
 
+# Seeds listed in another order on each side, seed 3 missing in the middle of the scheme's (it diverged) and
+# seed 6 only on the scheme's: the pairs are seeds 1, 2, 4, 5, whatever the positions.
+SCHEME_BY_SEED = {4: 1.561, 1: 1.512, 6: 1.490, 5: 1.520, 2: 1.538}
+BASE_BY_SEED = {1: 1.530, 2: 1.561, 3: 1.505, 4: 1.560, 5: 1.548}
+
+
+def test_pairs_are_made_by_seed_not_by_position():
+    v = stats.paired(SCHEME_BY_SEED, BASE_BY_SEED)
+    by_hand = {1: 1.512 - 1.530, 2: 1.538 - 1.561, 4: 1.561 - 1.560, 5: 1.520 - 1.548}  # -18, -23, +1, -28 (x 1e-3)
+    assert sorted(v.keys) == [1, 2, 4, 5] and v.n == 4
+    assert dict(zip(v.keys, v.differences, strict=True)) == pytest.approx(by_hand, abs=1e-15)
+    # mean -0.017; deviations -1, -6, +18, -11 (x 1e-3): std = sqrt(482e-6 / 3); t = mean / (std / sqrt(4))
+    std = (482e-6 / 3) ** 0.5
+    assert v.difference.mean == pytest.approx(-0.017, abs=1e-15) and v.difference.std == pytest.approx(std, rel=1e-12)
+    t = -0.017 / (std / 2)
+    assert t == pytest.approx(-2.682354, abs=1e-6)
+    assert v.p_t == pytest.approx(2 * scipy_stats.t.sf(abs(t), df=3), rel=1e-10)
+    assert v.p_t == pytest.approx(0.0748989, abs=1e-7)  # pinned
+    half = 3.1824463052837078 * std / 2  # t_{0.975, 3}
+    assert (v.difference.low, v.difference.high) == pytest.approx((-0.017 - half, -0.017 + half), rel=1e-12)
+    # Sign flips: only flipping seed 4's +0.001 keeps |mean| >= 0.017 (it becomes 0.0175); with the two mirror
+    # images that is 4 of the 16 patterns.
+    assert v.sign_flip_exact and v.p_sign_flip == pytest.approx(4 / 16, abs=1e-12)
+
+
+def test_two_pairs_are_tested():
+    v = stats.paired({1: 1.50, 2: 1.40}, {1: 1.53, 2: 1.41})  # differences -0.03, -0.01
+    std = 0.02 / 2**0.5  # |d1 - d2| / sqrt(2)
+    t = -0.02 / (std / 2**0.5)  # = -2
+    assert v.n == 2 and t == pytest.approx(-2.0)
+    assert v.p_t == pytest.approx(2 * scipy_stats.t.sf(2.0, df=1), rel=1e-10)  # 0.2952
+    assert v.p_sign_flip == pytest.approx(0.5) == stats.sign_flip_floor(2)
+
+
+def test_another_confidence_reaches_both_intervals():
+    e = stats.estimate(SAMPLE, confidence=0.9)
+    half = 2.1318467863266495 * np.std(SAMPLE, ddof=1) / np.sqrt(5)  # t_{0.95, 4}
+    assert e.confidence == 0.9 and (e.low, e.high) == pytest.approx((e.mean - half, e.mean + half), rel=1e-12)
+    v = stats.paired(dict(enumerate(SAMPLE)), dict(enumerate(BASE)), confidence=0.9)
+    d = np.subtract(SAMPLE, BASE)
+    half = 2.1318467863266495 * np.std(d, ddof=1) / np.sqrt(5)
+    assert (v.difference.low, v.difference.high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-12)
+
+
 def test_identical_runs_differ_by_zero_with_p_one():
     v = stats.paired({1: 1.5, 2: 1.6, 3: 1.55}, {1: 1.5, 2: 1.6, 3: 1.55})
     assert v.difference.mean == 0.0 and (v.difference.low, v.difference.high) == (0.0, 0.0)
@@ -55,7 +99,10 @@ def test_one_replicate_has_no_interval():
     assert fmt_estimate(e) == "1.514 (n = 1)"  # never "±"
     v = stats.paired({7: 1.5}, {7: 1.6})
     assert v.n == 1 and v.p_t is None and v.p_sign_flip is None and v.difference.half_width is None
+    assert v.differences == pytest.approx((-0.1,)) and v.difference.mean == pytest.approx(-0.1)
     assert stats.estimate([]) is None and stats.paired({1: 1.0}, {2: 1.0}) is None  # no common seed
+    assert stats.estimate([1.5], confidence=0.9).confidence == 0.9  # the coverage is recorded in every case
+    assert stats.estimate([2.0, 2.0], confidence=0.9).confidence == 0.9
 
 
 def test_a_constant_offset_has_no_t_test_but_a_sign_flip_test():
@@ -73,10 +120,49 @@ def test_many_pairs_sample_sign_patterns_reproducibly():
     assert first.p_t == pytest.approx(scipy_stats.ttest_rel(a, b).pvalue)
 
 
+def all_sign_flips_p(d: np.ndarray) -> float:
+    """The exact two-sided sign-flip p-value by enumerating all 2^n sign patterns (in chunks of 2^16)."""
+    n, observed, hits = len(d), abs(d.mean()), 0
+    for start in range(0, 2**n, 2**16):
+        codes = np.arange(start, min(start + 2**16, 2**n))
+        signs = ((codes[:, None] >> np.arange(n)) & 1) * 2.0 - 1.0  # (patterns, n) of +-1
+        hits += int(np.sum(np.abs(signs @ d / n) >= observed * (1 - 1e-12)))
+    return hits / 2**n
+
+
+def test_sixteen_pairs_are_still_enumerated_exactly():
+    d = np.random.default_rng(5).normal(0.25, 1.0, 16)  # 2^16 patterns: above the 9999 a sampled test draws
+    p, exact = stats.sign_flip_p_value(d)
+    assert exact and p == pytest.approx(all_sign_flips_p(d), abs=1e-12)
+    assert p * 2**16 == pytest.approx(round(p * 2**16), abs=1e-6)  # a count over 65,536 patterns
+
+
+def test_above_sixteen_pairs_the_sign_flip_p_is_sampled_near_the_exact_one():
+    d = np.random.default_rng(11).normal(0.0, 1.0, 20)  # t = 1.11: p about 0.3
+    p, exact = stats.sign_flip_p_value(d)
+    truth = all_sign_flips_p(d)  # 2^20 patterns, by hand
+    assert not exact and 0.05 < truth < 0.95
+    assert p * 10000 == pytest.approx(round(p * 10000), abs=1e-6)  # (hits + 1) / (9999 + 1): a sampled value
+    assert abs(p - truth) < 4 * (truth * (1 - truth) / 9999) ** 0.5 + 1e-4
+
+
+def test_constant_means_equal_up_to_rounding_relative_to_the_values():
+    x = 1000.1
+    twins = stats.estimate([x, float(np.nextafter(x, np.inf))])  # one ulp apart: the same run, rounded differently
+    assert twins.std == 0.0 and twins.low == twins.high == twins.mean
+    apart = stats.estimate([0.5, 0.5 + 1.5e-12])  # 1.5e-12 apart at a scale of 1: a real (tiny) spread
+    assert apart.std > 0 and apart.low < apart.mean < apart.high
+
+
+def test_sign_flip_floor_is_a_probability():
+    assert [stats.sign_flip_floor(n) for n in (0, 1, 2, 3, 16)] == [1.0, 1.0, 0.5, 0.25, 2 / 65536]
+
+
 def test_interval_bands_equal_the_interval_at_every_point():
-    curves = np.array([[3.0, 2.0, 1.6], [3.1, 2.2, 1.5], [2.9, 2.1, 1.55]])
+    curves = np.array([[3.0, 2.0, 1.6, 1.4], [3.1, 2.2, 1.5, 1.45], [2.9, 2.1, 1.55, 1.3]])  # 3 seeds x 4 steps
     mean, low, high = stats.interval_bands(curves)
-    for j in range(3):
+    assert high[3] - mean[3] == pytest.approx(4.302652729749462 * np.std([1.4, 1.45, 1.3], ddof=1) / np.sqrt(3))
+    for j in range(4):
         e = stats.estimate(curves[:, j])
         assert (mean[j], low[j], high[j]) == pytest.approx((e.mean, e.low, e.high), rel=1e-12)
     one = stats.interval_bands(curves[:1])

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from experiments.evaluation.downstream.config import DownstreamConfig
-from experiments.evaluation.downstream.scorer import DownstreamEvaluator
+from experiments.evaluation.downstream.results import DownstreamResults, TaskResult, task_scores
+from experiments.evaluation.downstream.scorer import DownstreamEvaluator, continuation_logits
 from tests.experiments.evaluation.conftest import WINDOW, GoldLookup, Uniform, tiny_net
 
 # One task OLMo scores by raw accuracy, one by length-normalized accuracy; 24 questions each.
@@ -186,3 +187,53 @@ def test_a_stop_request_ends_scoring_between_batches(byte_tokenizer):
     with pytest.raises(InterruptedError, match="stopped in copa after 2 rows"):
         evaluator.evaluate(net, should_stop=lambda: len(forwards) >= 1)
     assert len(forwards) == 1
+
+
+def test_continuation_logits_are_the_answer_positions_in_float64():
+    """Row i's answer is predicted by positions ctx_len - 1 ... ctx_len + cont_len - 2 (written out here)."""
+    logits = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)  # (B, N, V): every entry distinct
+    batch = {"ctx_len": torch.tensor([3, 2]), "cont_len": torch.tensor([1, 3]), "doc_id": torch.tensor([7, 8])}
+    rebased, gathered = continuation_logits(batch, logits)
+    # row 0: positions 2 (then 3, 3: past its one answer token, clamped to the window, never read);
+    # row 1: positions 1, 2, 3
+    expected = torch.stack([logits[0, [2, 3, 3]], logits[1, [1, 2, 3]]]).double()
+    assert gathered.dtype == torch.float64 and torch.equal(gathered, expected)
+    assert rebased["ctx_len"].tolist() == [1, 1]  # so the metric reads gathered[i, 0 : cont_len]
+    assert rebased["cont_len"] is batch["cont_len"] and rebased["doc_id"] is batch["doc_id"]
+
+
+def test_averages_and_metric_names_from_hand_written_scores():
+    tasks = [
+        TaskResult("copa", "acc", {"acc": 0.5, "ce_loss": 1.1, "bpb": 1.2}, 10, 20, 2.0),
+        TaskResult("openbook_qa", "len_norm", {"len_norm": 0.25, "bpb": 0.8}, 10, 40, 2.0),
+        TaskResult("wikitext", "bpb", {"bpb": 2.5}, 5, 5, 1.0),  # no accuracy: not in avg, in avg_bpb
+    ]
+    results = DownstreamResults(tasks)
+    assert results.averages() == pytest.approx({"avg": (0.5 + 0.25) / 2, "avg_bpb": (1.2 + 0.8 + 2.5) / 3})
+    assert results.metrics("test/downstream") == pytest.approx({
+        "test/downstream/copa/acc": 0.5, "test/downstream/copa/ce_loss": 1.1, "test/downstream/copa/bpb": 1.2,
+        "test/downstream/openbook_qa/len_norm": 0.25, "test/downstream/openbook_qa/bpb": 0.8,
+        "test/downstream/wikitext/bpb": 2.5, "test/downstream/avg": 0.375, "test/downstream/avg_bpb": 1.5,
+    })  # fmt: skip
+    assert results.rows == 65 and results.seconds == 5.0
+    lines = results.to_markdown().splitlines()
+    assert lines[:2] == ["| task | metric | score (%) | ce_loss | bpb | questions | rows | rows/s |", "|" + "---|" * 8]
+    assert lines[2] == "| copa | acc | 50.00 | 1.1000 | 1.2000 | 10 | 20 | 10 |"
+    assert lines[4] == "| wikitext | bpb | 2.5000 | - | 2.5000 | 5 | 5 | 5 |"
+    assert lines[5] == "| average (3 tasks) | | **37.50** | | **1.5000** | 25 | 65 | 13 |"
+    assert DownstreamResults([]).averages() == {}
+    # What is missing shows as "-": no accuracy task, no bpb, no time measured; half a second is a rate.
+    untimed = DownstreamResults([TaskResult("wikitext", "bpb", {"bpb": 2.5}, 5, 5, 0.0)]).to_markdown()
+    assert untimed.splitlines()[2:] == [
+        "| wikitext | bpb | 2.5000 | - | 2.5000 | 5 | 5 | - |", "| average (1 tasks) | | - | | **2.5000** | 5 | 5 | - |"
+    ]  # fmt: skip
+    quick = DownstreamResults([TaskResult("copa", "acc", {"acc": 0.5}, 5, 10, 0.5)]).to_markdown()
+    assert quick.splitlines()[2:] == [
+        "| copa | acc | 50.00 | - | - | 5 | 10 | 20 |", "| average (1 tasks) | | **50.00** | | - | 5 | 10 | 20 |"
+    ]  # fmt: skip
+
+
+def test_task_scores_report_the_v2_values():
+    computed = {"acc_v1": 0.1, "acc_v2": 0.2, "ce_loss_v1": 3.0, "ce_loss_v2": 4.0, "bpb_v2": 5.0}
+    assert task_scores("acc", computed) == {"acc": 0.2, "ce_loss": 4.0, "bpb": 5.0}
+    assert task_scores("bpb", {"bpb_v1": 1.0, "bpb_v2": 2.0}) == {"bpb": 2.0}  # the primary, once
