@@ -10,10 +10,11 @@ nothing of ``models``, ``datamodules`` or ``experiments``, so each of them can u
 """
 
 from fileio.atomic import atomic_file, atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_dir
-from fileio.checks import InputError, new_file, number, number_option, output_dir, read_json, utf8_text
+from fileio.checks import InputError, NotJSONError, new_file, number, number_option, output_dir, read_json, utf8_text
 
 __all__ = [
     "InputError",
+    "NotJSONError",
     "atomic_file",
     "atomic_write_bytes",
     "atomic_write_json",

@@ -30,6 +30,10 @@ class InputError(ValueError):
     """A value, file or path a user gave that the suite cannot use; the message is one readable line."""
 
 
+class NotJSONError(InputError):
+    """A file that is not JSON text at all (e.g. cut short by a hard kill), as opposed to JSON of a wrong shape."""
+
+
 def _origin(where: str | None) -> str:
     return f" ({where})" if where else ""
 
@@ -179,6 +183,7 @@ def read_json(path: str | Path, what: str, expect: type = dict, max_bytes: int =
     deep enough to exhaust Python's recursion, and a top-level value that is not an ``expect``.
 
     Raises:
+        NotJSONError: the text is not JSON (an :class:`InputError`).
         InputError: ``"<what> <path> holds an array, not an object"`` and the like.
     """
     path = Path(path)
@@ -196,12 +201,12 @@ def read_json(path: str | Path, what: str, expect: type = dict, max_bytes: int =
     except IsADirectoryError:
         raise InputError(f"{what} {path} is a directory; valid: a JSON file") from None
     except UnicodeDecodeError as err:
-        raise InputError(f"{what} {path} is not UTF-8 text (byte {err.start}); valid: a JSON file") from None
+        raise NotJSONError(f"{what} {path} is not UTF-8 text (byte {err.start}); valid: a JSON file") from None
     except RecursionError:
         raise InputError(f"{what} {path} is nested too deeply to read; valid: {wanted} of plain values") from None
     except ValueError as err:  # JSONDecodeError, or an integer of more digits than Python converts
         reason = str(err).splitlines()[0][:120]
-        raise InputError(f"{what} {path} is not valid JSON ({reason}); valid: {wanted}") from None
+        raise NotJSONError(f"{what} {path} is not valid JSON ({reason}); valid: {wanted}") from None
     if not isinstance(value, expect) or (expect is not bool and isinstance(value, bool)):
         raise InputError(f"{what} {path} holds {json_type(value)}, not {wanted}")
     return value
