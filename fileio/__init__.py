@@ -10,7 +10,7 @@ nothing of ``models``, ``datamodules`` or ``experiments``, so each of them can u
 """
 
 from fileio.atomic import atomic_file, atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_dir
-from fileio.checks import InputError, NotJSONError, new_file, number, number_option, output_dir, read_json, utf8_text
+from fileio.checks import InputError, NotJSONError, new_file, number, output_dir, read_json, utf8_text
 
 __all__ = [
     "InputError",
@@ -22,7 +22,6 @@ __all__ = [
     "fsync_dir",
     "new_file",
     "number",
-    "number_option",
     "output_dir",
     "read_json",
     "utf8_text",

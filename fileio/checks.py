@@ -5,7 +5,6 @@
     output_dir("docs/results/x", "--export")                   -> the path, or InputError: a file is in the way
     read_json(path, "summary.json", expect=dict)               -> the object, or InputError: wrong shape / too deep
     utf8_text(prompt, "data.init_args.prompts[0]")             -> the text, or InputError: bytes that are not UTF-8
-    number_option(float, low=0, low_open=True)                 -> an argparse ``type=`` with the same checks
 
 Each check runs before any expensive work and fails with one :class:`InputError` line that names the value,
 where it came from and what would be valid. ``InputError`` is a ``ValueError``, so every command line of the
@@ -14,11 +13,9 @@ suite already reports it as ``error: ...`` with exit status 2. Nothing here writ
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,19 +103,6 @@ def number(
 def _is_int_text(text: str) -> bool:
     stripped = text.strip().replace("_", "")
     return stripped.lstrip("+-").isdigit()
-
-
-def number_option(kind: type = float, **bounds: Any) -> Callable[[str], int | float]:
-    """An argparse ``type=`` that applies :func:`number` (argparse then names the option and exits 2)."""
-
-    def parse(text: str) -> int | float:
-        try:
-            return number(text, "value", kind=kind, **bounds)
-        except InputError as err:
-            raise argparse.ArgumentTypeError(str(err).removeprefix("value=")) from None
-
-    parse.__name__ = kind.__name__  # argparse's "invalid <name> value" wording
-    return parse
 
 
 ##################################################################################

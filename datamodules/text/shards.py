@@ -153,6 +153,10 @@ class ShardWriter:
         ids = np.asarray(ids)
         if ids.size:
             self.max_id = max(self.max_id, int(ids.max()))
+            if self.max_id > np.iinfo(self.dtype).max:  # astype would wrap it (70000 -> 4464 in uint16)
+                raise ValueError(
+                    f"token id {self.max_id} does not fit the shards' {self.dtype.name}; valid: a vocab_size above it"
+                )
         ids = ids.astype(self.dtype, copy=False)
         while ids.size:
             if not self.files or self.files[-1][1] >= self.shard_tokens:
