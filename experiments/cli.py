@@ -12,6 +12,7 @@ What a run may touch:
     validate / test / predict the run directory of the checkpoint they evaluate (``.../<run>/checkpoints/x.ckpt``)
                               unless ``--experiment`` / ``--run_name`` say otherwise; ``predict`` files are
                               never replaced without ``--overwrite``
+    every subcommand          one at a time per run directory (:mod:`experiments.reliability.run_lock`)
 
 Every run also gets (:mod:`experiments.reliability.checkpointing`): atomic checkpoint writes, checkpoints
 read with ``weights_only=True``, a resumable ``checkpoints/interrupted.ckpt`` on SIGTERM / Ctrl-C, exact
@@ -32,7 +33,7 @@ import lightning as L
 from jsonargparse import ActionYesNo, ArgumentError
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from experiments.monitoring.divergence import DivergenceDetector
 from experiments.monitoring.progress_bar import has_progress_bar, progress_bar
@@ -62,6 +63,7 @@ from experiments.reliability.layout import (
     run_dir_of_checkpoint,
     task_name,
 )
+from experiments.reliability.run_lock import acquire_run_lock, release_run_locks
 
 PROG = "python -m experiments"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -174,6 +176,8 @@ class SuiteCLI(LightningCLI):
         run_dir = self._run_dir
         if run_dir is not None:
             if self.subcommand is not None:  # run=False (analysis, tests) only parses and builds
+                if rank_zero_only.rank == 0:  # before anything is written; the other DDP ranks are the same run
+                    acquire_run_lock(run_dir, self.subcommand)
                 last = self.subcommand != "fit" and str(config.get("ckpt_path")) == "last"
                 if last and newest_readable(run_dir / "checkpoints") is None:  # the error, before anything is written
                     resolve_checkpoint("last", run_dir / "checkpoints", stage=self.subcommand)
@@ -337,4 +341,7 @@ def quiet_lightning() -> None:
 
 def main(args: list[str] | None = None) -> None:
     quiet_lightning()
-    SuiteCLI(args=args, save_config_callback=SaveConfigCallback)
+    try:
+        SuiteCLI(args=args, save_config_callback=SaveConfigCallback)
+    finally:
+        release_run_locks()  # the command is over (or failed): the run directory is free again

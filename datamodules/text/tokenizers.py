@@ -57,7 +57,7 @@ def read_json_text(path: Path) -> str:
         text = path.read_text(encoding="utf-8")
         if not isinstance(json.loads(text), dict):
             raise ValueError("not a JSON object")
-    except (UnicodeDecodeError, ValueError) as err:
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # RecursionError: nested past reading
         raise ValueError(f"{str(path)!r} is not a JSON tokenizer file ({type(err).__name__}); re-create it") from None
     return text
 

@@ -135,7 +135,7 @@ def origin_of(key: str, argv: Iterable[str]) -> str:
 _NAMED_KEYS = (
     (re.compile(r"^unknown norm_scheme "), "model.init_args.trunk.norm_scheme"),
     (re.compile(r"^trunk (\w+) "), "model.init_args.trunk.{0}"),
-    (re.compile(r"^(model\.init_args\.\w+)="), "{0}"),
+    (re.compile(r"^((?:model|data)\.init_args\.\w+)[=\[]"), "{0}"),
 )
 
 

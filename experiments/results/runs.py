@@ -49,15 +49,15 @@ def check_summary(summary: dict, path: Path) -> dict:
         if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
             valid = " or ".join(t.__name__ for t in types)
             what = type(value).__name__
-            raise SuiteError(f"run summary {path}: {key}={str(value)[:60]!r} is a {what}; valid: {valid}")
+            raise SuiteError(f"run summary {path}: {key}={repr(value)[:60]} is a {what}; valid: {valid}")
     for key in ("final_val", "test"):
         for name, value in (summary.get(key) or {}).items():
             if value is not None and (not isinstance(value, _NUMBER) or isinstance(value, bool)):
-                raise SuiteError(f"run summary {path}: {key}[{name!r}]={str(value)[:60]!r}; valid: a number")
+                raise SuiteError(f"run summary {path}: {key}[{name!r}]={repr(value)[:60]}; valid: a number")
     for key in ("train_curve", "val_curve"):
         for point in summary.get(key) or []:
             if not isinstance(point, list) or len(point) != 2 or not isinstance(point[0], int):
-                raise SuiteError(f"run summary {path}: {key} holds {str(point)[:60]!r}; valid: [step, value] pairs")
+                raise SuiteError(f"run summary {path}: {key} holds {repr(point)[:60]}; valid: [step, value] pairs")
     return summary
 
 

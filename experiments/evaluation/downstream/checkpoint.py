@@ -43,6 +43,31 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def read_lm_checkpoint(ckpt: str | Path, mmap: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint's payload and its LM hyperparameters, checked to describe an LM of the suite.
+
+    ``mmap=True`` maps the tensors instead of reading them: a cheap check of a large file before slow work.
+
+    Raises:
+        CheckpointError: missing, a directory, not a checkpoint dict, or not an LM checkpoint (one line).
+    """
+    path = Path(ckpt)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory (a sharded FSDP checkpoint?); valid: a single .ckpt file")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; valid: a .ckpt file of an LM run")
+    payload = load_checkpoint(path, mmap=mmap)  # weights_only; not a checkpoint dict: refused in one line
+    hparams = payload.get("hyper_parameters") or {}
+    task = str(hparams.get("_class_path", "?")) if isinstance(hparams, dict) else "?"
+    if task.rsplit(".", 1)[-1] != LM_CLASS or not isinstance(hparams.get("trunk"), dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {task!r} model; valid: a checkpoint of experiments.tasks.{LM_CLASS}"
+        )
+    if not isinstance(payload.get("state_dict"), dict):
+        raise CheckpointError(f"checkpoint {path} has no state_dict of tensors; valid: a checkpoint written by fit")
+    return payload, hparams
+
+
 def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> LoadedLM:
     """Rebuilds the LM of a suite checkpoint and finds its tokenizer.
 
@@ -51,17 +76,7 @@ def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> Loaded
             or its tokenizer cannot be found.
     """
     path = Path(ckpt)
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory (a sharded FSDP checkpoint?); valid: a single .ckpt file")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; valid: a .ckpt file of an LM run")
-    payload = load_checkpoint(path)  # weights_only; a file that is not a checkpoint dict is refused in one line
-    hparams = payload.get("hyper_parameters") or {}
-    task = str(hparams.get("_class_path", "?")) if isinstance(hparams, dict) else "?"
-    if task.rsplit(".", 1)[-1] != LM_CLASS or not isinstance(hparams.get("trunk"), dict):
-        raise CheckpointError(
-            f"checkpoint {path} holds a {task!r} model; valid: a checkpoint of experiments.tasks.{LM_CLASS}"
-        )
+    payload, hparams = read_lm_checkpoint(path)
     try:
         trunk = TrunkConfig(**hparams["trunk"])
         vocab_size, seq_len = int(hparams["vocab_size"]), int(hparams["seq_len"])
@@ -71,9 +86,7 @@ def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> Loaded
             f"checkpoint {path}: its saved hyperparameters do not build an LM ({type(err).__name__}: "
             f"{_first_line(err)}); valid: a checkpoint written by fit"
         ) from None
-    weights = payload.get("state_dict")
-    if not isinstance(weights, dict):
-        raise CheckpointError(f"checkpoint {path} has no state_dict of tensors; valid: a checkpoint written by fit")
+    weights = payload["state_dict"]
     state = {k.removeprefix("net."): v for k, v in weights.items() if isinstance(k, str) and k.startswith("net.")}
     try:
         net.load_state_dict(state)

@@ -140,6 +140,10 @@ def lm_eval_main(argv: list[str] | None = None) -> None:
     if not Path(args.ckpt).is_file():
         raise SuiteError(f"checkpoint {args.ckpt!r} does not exist; valid: a .ckpt file of an LM run")
     check_harness_options(rest)
+
+    from experiments.evaluation.downstream.checkpoint import read_lm_checkpoint
+
+    read_lm_checkpoint(args.ckpt, mmap=True)  # a file that is no LM checkpoint: refused before the harness starts
     model_args = [f"ckpt={args.ckpt}"] + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
     if not any(a == "--batch_size" or a.startswith("--batch_size=") or a == "-b" for a in rest):
         rest += ["--batch_size", str(DEFAULT_BATCH_SIZE)]  # the harness's default, 1, is one row per forward
