@@ -63,7 +63,7 @@ from experiments.reliability.layout import (
     run_dir_of_checkpoint,
     task_name,
 )
-from experiments.reliability.run_lock import acquire_run_lock, release_run_locks
+from experiments.reliability.run_lock import acquire_run_lock, record_holder, release_run_locks
 
 PROG = "python -m experiments"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -177,7 +177,7 @@ class SuiteCLI(LightningCLI):
         if run_dir is not None:
             if self.subcommand is not None:  # run=False (analysis, tests) only parses and builds
                 if rank_zero_only.rank == 0:  # before anything is written; the other DDP ranks are the same run
-                    acquire_run_lock(run_dir, self.subcommand)
+                    acquire_run_lock(run_dir)
                 last = self.subcommand != "fit" and str(config.get("ckpt_path")) == "last"
                 if last and newest_readable(run_dir / "checkpoints") is None:  # the error, before anything is written
                     resolve_checkpoint("last", run_dir / "checkpoints", stage=self.subcommand)
@@ -185,6 +185,7 @@ class SuiteCLI(LightningCLI):
                     claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
                 ensure_writable(run_dir)
                 mark(run_dir, self.subcommand)
+                record_holder(run_dir, self.subcommand)
             kwargs["default_root_dir"] = str(run_dir)
             if trainer_config.get("logger") in (None, True) and "logger" not in kwargs:
                 kwargs["logger"] = TensorBoardLogger(

@@ -146,6 +146,8 @@ def new_file(path: str | Path, what: str, overwrite: bool = False) -> Path:
         raise InputError(f"{what} {path} is a directory; valid: a file path")
     if (path.exists() or path.is_symlink()) and not overwrite:
         raise InputError(f"{what} {path} exists; valid: another path, or --overwrite to replace it")
+    if (blocker := _blocker(path)) is not None:
+        raise InputError(f"{what} {path} lies under {blocker}, which is a file; valid: a path under directories")
     output_dir(path.parent, what)
     return path
 
@@ -172,12 +174,9 @@ def read_json(path: str | Path, what: str, expect: type = dict, max_bytes: int =
     """
     path = Path(path)
     wanted = JSON_TYPES.get(expect, "a number")
+    if path.is_file() and (size := path.stat().st_size) > max_bytes:
+        raise InputError(f"{what} {path} is {size:,} bytes; valid: a JSON file of at most {max_bytes:,} bytes")
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise InputError(
-                f"{what} {path} is {size / 2**20:.0f} MiB; valid: a JSON file of at most {max_bytes >> 20} MiB"
-            )
         text = path.read_bytes().decode("utf-8")
         value = json.loads(text)
     except FileNotFoundError:

@@ -28,6 +28,7 @@ from annotated_types import Ge, Gt, Interval, Le, Lt
 
 from experiments.reliability.errors import SuiteError, jsonargparse_line
 from experiments.reliability.layout import task_name
+from fileio.checks import InputError, utf8_text
 
 CONFIG_FLAGS = ("-c", "--config")
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
@@ -79,8 +80,26 @@ def _task_of(config: dict[str, Any]) -> str | None:
     return task_name(str(class_path)) if class_path else None
 
 
+def check_argument_text(argv: Iterable[str]) -> None:
+    """Refuses a command-line value holding bytes that are not UTF-8 (typed in another encoding, they reach
+    Python as lone surrogates that jsonargparse cannot handle), naming its option and the position.
+
+    Raises:
+        SuiteError: ``--data.init_args.prompts holds a byte that is not UTF-8 at character 6 (...)``.
+    """
+    option = "a command-line argument"
+    for arg in argv:
+        name, sep, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        try:
+            utf8_text(value if sep else arg, f"{name if sep else option} (command line)")
+        except InputError as err:
+            raise SuiteError(str(err)) from None
+        option = arg if arg.startswith("-") and not sep else "a command-line argument"
+
+
 def check_config_files(argv: Iterable[str]) -> None:
     """Reads every ``-c`` file once (see :func:`read_config`) and refuses two files of different tasks."""
+    check_argument_text(argv)
     first: tuple[str, str] | None = None
     for path in config_paths(argv):
         task = _task_of(read_config(path))

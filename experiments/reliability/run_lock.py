@@ -48,8 +48,10 @@ def _holder(handle: IO[str]) -> str:
     return "another process"
 
 
-def acquire_run_lock(run_dir: Path, command: str) -> None:
-    """Takes the lock of ``run_dir`` for this process (a no-op if it holds it already).
+def acquire_run_lock(run_dir: Path) -> None:
+    """Takes the lock of ``run_dir`` for this process (a no-op if it holds it already). Nothing is written into
+    the lock file until :func:`record_holder` (after the command's own checks), so a command refused for
+    another reason leaves every file as it was.
 
     Raises:
         OutputDirError: another process holds it (one line naming the directory and the holder), or the
@@ -83,12 +85,19 @@ def acquire_run_lock(run_dir: Path, command: str) -> None:
         warnings.warn(
             f"{path}: this file system cannot lock files; nothing stops two commands in {run_dir}", stacklevel=2
         )
+    _HELD[key] = handle
+
+
+def record_holder(run_dir: Path, command: str) -> None:
+    """Writes who holds the lock of ``run_dir`` into it (what a refused second command names)."""
+    handle = _HELD.get(str(lock_path(Path(run_dir)).absolute()))
+    if handle is None:
+        return
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
     handle.seek(0)
     handle.truncate()
-    since = time.strftime("%Y-%m-%dT%H:%M:%S")
     handle.write(json.dumps({"command": command, "pid": os.getpid(), "host": socket.gethostname(), "since": since}))
     handle.flush()
-    _HELD[key] = handle
 
 
 def release_run_locks() -> None:

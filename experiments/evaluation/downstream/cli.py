@@ -96,7 +96,7 @@ def check_harness_options(rest: list[str]) -> None:
     except argparse.ArgumentError as err:
         raise SuiteError(f"{err}; see lm-eval run --help") from None
     if known.limit is not None:
-        number(known.limit, "--limit", low=0, low_open=True)
+        number(known.limit, "--limit", low=0, low_open=True, where="command line")
     if known.num_fewshot is not None:
         number(known.num_fewshot, "--num_fewshot", kind=int, low=0)
     if known.max_batch_size is not None:
@@ -105,8 +105,8 @@ def check_harness_options(rest: list[str]) -> None:
     if batch is not None and not (batch == "auto" or re.fullmatch(r"auto:[1-9]\d*", batch)):
         try:
             number(batch, "--batch_size", kind=int, low=1)
-        except InputError as err:
-            raise InputError(f"{err}; valid: also auto or auto:N") from None
+        except InputError:
+            raise InputError(f"--batch_size={batch!r}; valid: an integer >= 1, auto or auto:N") from None
     if known.device is not None:
         check_device(known.device)
     if known.output_path is not None:
