@@ -288,7 +288,7 @@ def _jsonl_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int]]
             try:
                 record = json.loads(line)
             except (ValueError, RecursionError) as err:  # RecursionError: nested past what json reads
-                reason = str(err).splitlines()[0][:100] if str(err) else "nested too deeply"
+                reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).splitlines()[0][:100]
                 raise ValueError(f"{str(item.path)!r} line {number} is not JSON ({reason})") from None
             text = record.get(text_key) if isinstance(record, dict) else None
             if not isinstance(text, str):
