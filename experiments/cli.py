@@ -48,7 +48,7 @@ from experiments.reliability.checkpointing import (
     newest_readable,
     resolve_checkpoint,
 )
-from experiments.reliability.config_files import check_config_files, explain_parse_error
+from experiments.reliability.config_files import check_config_files, check_finite_numbers, explain_parse_error
 from experiments.reliability.errors import OutputDirError, SuiteError
 from experiments.reliability.layout import (
     NAME_PATTERN,
@@ -136,6 +136,8 @@ class SuiteCLI(LightningCLI):
         in the config, so the saved config reruns into the same experiment."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         subcommand = self.subcommand or "fit"
+        parser = self._subcommand_parsers.get(self.subcommand, self.parser) if self.subcommand else self.parser
+        check_finite_numbers(config, parser.get_defaults(), self._argv)
         self._overwrite = bool(config.get("overwrite"))
         config.overwrite = False  # asked for this once: a saved config never replaces anything on its own
         if config.get("weights_only") is False:

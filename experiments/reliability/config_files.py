@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import math
 import re
 import types
 import typing
@@ -148,6 +149,42 @@ def origin_of(key: str, argv: Iterable[str]) -> str:
             if key == option or key.startswith(option + ".") or key.replace(".init_args.", ".") == short:
                 origin = "command line"
     return origin
+
+
+def _leaves(config: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a parsed config (jsonargparse Namespaces, dicts, lists)."""
+    items = vars(config).items() if hasattr(config, "__dict__") and not isinstance(config, type) else None
+    if isinstance(config, dict):
+        items = config.items()
+    if items is not None:
+        for name, value in items:
+            yield from _leaves(value, f"{prefix}.{name}" if prefix else str(name))
+    elif isinstance(config, list | tuple):
+        for i, value in enumerate(config):
+            yield from _leaves(value, f"{prefix}[{i}]")
+    else:
+        yield prefix, config
+
+
+def check_finite_numbers(config: Any, defaults: Any, argv: Iterable[str]) -> None:
+    """Refuses ``inf`` / ``nan`` a user gave for any number of the config (pydantic's bounds let ``inf`` pass
+    ``> 0``): a learning rate, a weight decay, a size. A parameter whose own default is infinite (``max_loss``:
+    no limit) may be set to ``inf``.
+
+    Raises:
+        SuiteError: ``model.init_args.optim.lr=inf (command line) is not a finite number; valid: ...``.
+    """
+    argv = list(argv)
+    default = dict(_leaves(defaults))
+    for key, value in _leaves(config):
+        if not isinstance(value, float) or math.isfinite(value):
+            continue
+        if isinstance(default.get(key), float) and math.isinf(value) and default[key] == value:
+            continue  # e.g. divergence.max_loss=inf, the parameter's own "no limit"
+        origin = origin_of(key.split("[")[0], argv)
+        bound = declared_bound(key, argv)
+        valid = f"finite numbers {bound}" if bound else "finite numbers"
+        raise SuiteError(f"{key}={value} ({origin}) is not a finite number; valid: {valid}")
 
 
 # Messages that the model's own checks raise at instantiation, and the config key each one names.

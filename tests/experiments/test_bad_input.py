@@ -71,6 +71,9 @@ def error_line(args: list[str], capsys) -> str:
         (["--model.init_args.trunk.norm_layer=batchnorm"], ["norm_layer 'batchnorm'", "valid: layernorm, rmsnorm"]),
         (["--model.init_args.trunk.num_heads=5"], ["dim 32 is not divisible by num_heads 5"]),
         (["--model.init_args.optim.lr=-0.001"], ["model.init_args.optim.lr=-0.001 (command line); valid: > 0"]),
+        (["--model.init_args.optim.lr=inf"], ["model.init_args.optim.lr=inf (command line) is not a finite number",
+                                              "valid: finite numbers > 0"]),
+        (["--model.init_args.optim.weight_decay=nan"], ["model.init_args.optim.weight_decay=nan (command line)"]),
         (["--data.init_args.batch_size=0"], ["data.init_args.batch_size=0 (command line); valid: >= 1"]),
         (["--trainer.max_steps=abc"], ["trainer.max_steps: expected int, got abc"]),
         (["--model.init_args.trunk.nope=1"], ["unrecognized arguments: --trunk.nope=1"]),
@@ -85,7 +88,7 @@ def error_line(args: list[str], capsys) -> str:
                                                        "configs/lm/tiny.yaml is a 'lm' config"]),
         (["--weights_only=false"], ["--weights_only=false would let a checkpoint run code"]),
     ],
-    ids=["scheme", "norm-layer", "heads", "lr", "batch-size", "not-an-int", "unknown-key", "no-config", "no-ckpt",
+    ids=["scheme", "norm-layer", "heads", "lr", "lr-inf", "wd-nan", "batch-size", "not-an-int", "unknown-key", "no-config", "no-ckpt",
          "top-k", "temperature", "typo-trainer", "typo-model", "typo-data", "two-tasks", "weights-only"],
 )  # fmt: skip
 def test_bad_config_value(extra: list[str], needles: list[str], tmp_path: Path, corpus, capsys):
