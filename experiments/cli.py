@@ -12,6 +12,7 @@ What a run may touch:
     validate / test / predict the run directory of the checkpoint they evaluate (``.../<run>/checkpoints/x.ckpt``)
                               unless ``--experiment`` / ``--run_name`` say otherwise; ``predict`` files are
                               never replaced without ``--overwrite``
+    every subcommand          one at a time per run directory (:mod:`experiments.reliability.run_lock`)
 
 Every run also gets (:mod:`experiments.reliability.checkpointing`): atomic checkpoint writes, checkpoints
 read with ``weights_only=True``, a resumable ``checkpoints/interrupted.ckpt`` on SIGTERM / Ctrl-C, exact
@@ -31,7 +32,7 @@ from pathlib import Path
 import lightning as L
 from jsonargparse import ActionYesNo, ArgumentError
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from experiments.monitoring.divergence import DivergenceDetector
 from experiments.monitoring.first_validation import FirstValidationNote
@@ -49,7 +50,7 @@ from experiments.reliability.checkpointing import (
     newest_readable,
     resolve_checkpoint,
 )
-from experiments.reliability.config_files import check_config_files, explain_parse_error
+from experiments.reliability.config_files import check_config_files, check_finite_numbers, explain_parse_error
 from experiments.reliability.errors import OutputDirError, SuiteError
 from experiments.reliability.layout import (
     NAME_PATTERN,
@@ -64,6 +65,7 @@ from experiments.reliability.layout import (
     run_dir_of_checkpoint,
     task_name,
 )
+from experiments.reliability.run_lock import acquire_run_lock, record_holder, release_run_locks
 
 PROG = "python -m experiments"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -137,6 +139,8 @@ class SuiteCLI(LightningCLI):
         in the config, so the saved config reruns into the same experiment."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         subcommand = self.subcommand or "fit"
+        parser = self._subcommand_parsers.get(self.subcommand, self.parser) if self.subcommand else self.parser
+        check_finite_numbers(config, parser.get_defaults(), self._argv)
         self._overwrite = bool(config.get("overwrite"))
         config.overwrite = False  # asked for this once: a saved config never replaces anything on its own
         if config.get("weights_only") is False:
@@ -178,6 +182,8 @@ class SuiteCLI(LightningCLI):
         run_dir = self._run_dir
         if run_dir is not None:
             if self.subcommand is not None:  # run=False (analysis, tests) only parses and builds
+                if rank_zero_only.rank == 0:  # before anything is written; the other DDP ranks are the same run
+                    acquire_run_lock(run_dir)
                 last = self.subcommand != "fit" and str(config.get("ckpt_path")) == "last"
                 if last and newest_readable(run_dir / "checkpoints") is None:  # the error, before anything is written
                     resolve_checkpoint("last", run_dir / "checkpoints", stage=self.subcommand)
@@ -185,6 +191,7 @@ class SuiteCLI(LightningCLI):
                     claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
                 ensure_writable(run_dir)
                 mark(run_dir, self.subcommand)
+                record_holder(run_dir, self.subcommand)
             kwargs["default_root_dir"] = str(run_dir)
             if trainer_config.get("logger") in (None, True) and "logger" not in kwargs:
                 kwargs["logger"] = SuiteTensorBoardLogger(
@@ -348,4 +355,7 @@ def quiet_lightning() -> None:
 
 def main(args: list[str] | None = None) -> None:
     quiet_lightning()
-    SuiteCLI(args=args, save_config_callback=SaveConfigCallback)
+    try:
+        SuiteCLI(args=args, save_config_callback=SaveConfigCallback)
+    finally:
+        release_run_locks()  # the command is over (or failed): the run directory is free again

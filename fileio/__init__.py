@@ -2,11 +2,27 @@
 
     atomic.py   write a file so that a reader (or a crash) never sees half of it: temp file beside the target,
                 fsync, rename over it, fsync the directory
+    checks.py   the input checks every command shares: a finite number from a string, a new file, an output
+                directory, a JSON file of an expected shape, UTF-8 text; one-line InputError (a ValueError)
 
 Belongs here: file handling every other package repeats. Plain Python (and the standard library): it imports
 nothing of ``models``, ``datamodules`` or ``experiments``, so each of them can use it.
 """
 
 from fileio.atomic import atomic_file, atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_dir
+from fileio.checks import InputError, NotJSONError, new_file, number, output_dir, read_json, utf8_text
 
-__all__ = ["atomic_file", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "fsync_dir"]
+__all__ = [
+    "InputError",
+    "NotJSONError",
+    "atomic_file",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "fsync_dir",
+    "new_file",
+    "number",
+    "output_dir",
+    "read_json",
+    "utf8_text",
+]

@@ -22,7 +22,6 @@ the DiT recipe's ``RandomHorizontalFlip`` moved before the encoder. Build a cach
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fileio import atomic_file, atomic_write_json
+from fileio import InputError, atomic_file, atomic_write_json, read_json
 
 __all__ = ["LatentCacheMeta", "LatentShardWriter", "LatentShards", "read_latent_meta"]
 
@@ -108,10 +107,9 @@ def read_latent_meta(cache_dir: str | Path) -> LatentCacheMeta:
             f"latent cache {str(cache_dir)!r} {what}; build it with: {ENCODE_HINT.format(cache_dir=cache_dir)}"
         )
     try:
-        payload = json.loads(path.read_text())
-        meta = LatentCacheMeta(**payload)
-    except (json.JSONDecodeError, TypeError) as err:
-        raise ValueError(f"{str(path)!r} is not a latent cache meta.json: {err}") from None
+        meta = LatentCacheMeta(**read_json(path, "latent cache meta", dict))
+    except (InputError, TypeError) as err:  # not JSON, an array, too deep; or keys of another format
+        raise ValueError(f"{str(path)!r} is not a latent cache meta.json: {str(err).splitlines()[0]}") from None
     if meta.format_version != FORMAT_VERSION:
         raise ValueError(f"{str(path)!r} has cache format {meta.format_version}, this code reads {FORMAT_VERSION}")
     check_shard_names(cache_dir, meta.shards, meta.flip, path)

@@ -52,7 +52,7 @@ from datamodules.latents.cache import (
     check_shard_names,
     read_latent_meta,
 )
-from fileio import atomic_write_json
+from fileio import InputError, atomic_write_json, output_dir
 from models.vae import load_vae
 
 # Settings a rerun must share with an existing cache for it to be reused.
@@ -161,6 +161,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--limit {args.limit} must be positive")
     if args.num_workers < 0 or not 0 <= args.seed < 2**30:
         parser.error(f"--num-workers {args.num_workers} / --seed {args.seed} out of range (>= 0, seed < 2**30)")
+    if args.device != "auto":
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:  # not a device name ("gpu")
+            device = torch.device("meta")
+        if not (device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available())):
+            parser.error(f"--device {args.device!r} is not a device this machine has; valid: auto, cpu, cuda, cuda:N")
+    try:
+        output_dir(args.out, "--out")  # a file in the way is found now, not after the VAE is loaded
+    except InputError as err:
+        parser.error(str(err))
     return args
 
 

@@ -20,9 +20,7 @@ always lands in the same split.
 from __future__ import annotations
 
 import codecs
-import gzip
 import hashlib
-import io
 import json
 import re
 import shutil
@@ -31,7 +29,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
+
+from datamodules.text.compressed import check_zstd_frames, open_decompressed
+from fileio.checks import utf8_text
 
 BIBLE_COMMAND = "bible"
 BIBLE_RANGE = "Gen1:1-Rev22:21"
@@ -219,6 +220,9 @@ def list_inputs(sources: Sequence[str | Path]) -> list[InputFile]:
         else:
             files = [path]
         found += [InputFile(f, input_kind(f), f.stat().st_size) for f in files]  # type: ignore[arg-type]
+    for item in found:  # a .zst cut short is refused now, before anything is written (a seek per block)
+        if item.path.name.lower().endswith(".zst"):
+            check_zstd_frames(item.path)
     if not found:
         raise ValueError(f"no input given; {valid}")
     return found
@@ -227,19 +231,6 @@ def list_inputs(sources: Sequence[str | Path]) -> list[InputFile]:
 def document_key(text: str) -> int:
     """The 64-bit split key of a document: blake2b of its UTF-8 text."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-def _open_binary(path: Path) -> tuple[BinaryIO, BinaryIO]:
-    """(decompressed stream, the raw file whose ``tell()`` says how far into the file the reader is)."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller through the pair
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return io.BufferedReader(gzip.GzipFile(fileobj=raw)), raw
-    if name.endswith(".zst"):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)), raw
-    return raw, raw
 
 
 def iter_pieces(item: InputFile, text_key: str = "text", skip: int = 0) -> Iterator[tuple[Piece, int]]:
@@ -288,30 +279,38 @@ def _text_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int]]:
 
 
 def _jsonl_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int]]:
-    stream, raw = _open_binary(item.path)
+    stream, raw = open_decompressed(item.path)
+    kind = next((s for s in RECORD_SUFFIXES if item.path.name.lower().endswith(s)), ".jsonl")
     try:
         for number, line in enumerate(stream, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except ValueError as err:
-                raise ValueError(f"{str(item.path)!r} line {number} is not JSON ({err})") from None
+            except (ValueError, RecursionError) as err:  # RecursionError: nested past what json reads
+                reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).splitlines()[0][:100]
+                raise ValueError(f"{str(item.path)!r} line {number} is not JSON ({reason})") from None
             text = record.get(text_key) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
                 raise ValueError(f"{str(item.path)!r} line {number} has no string {text_key!r}; valid keys: {keys}")
+            utf8_text(text, f"{str(item.path)!r} line {number} {text_key!r}")  # a "\udcff" escape is no text
             yield Piece(text, document_key(text), end=True), raw.tell()
-    except (OSError, EOFError) as err:
-        if isinstance(err, FileNotFoundError):
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(item.path)!r} cannot be decompressed ({err}); valid: a complete {kind} file") from None
+    except Exception as err:  # noqa: BLE001 - zstandard.ZstdError: blocks whose bytes are not zstd data
+        if type(err).__name__ != "ZstdError":
             raise
-        raise ValueError(f"{str(item.path)!r} cannot be decompressed ({err})") from None
+        raise ValueError(f"{str(item.path)!r} is corrupt ({err}); valid: a complete .jsonl.zst file") from None
     finally:
         stream.close()
         raw.close()
 
 
 def _parquet_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -321,6 +320,13 @@ def _parquet_pieces(item: InputFile, text_key: str) -> Iterator[tuple[Piece, int
     columns = table.schema_arrow.names
     if text_key not in columns:
         raise ValueError(f"{str(item.path)!r} has no column {text_key!r}; valid columns: {columns}")
+    kind = table.schema_arrow.field(text_key).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        strings = [n for n in columns if pa.types.is_string(table.schema_arrow.field(n).type)]
+        raise ValueError(
+            f"{str(item.path)!r} column {text_key!r} holds {kind}, not text; "
+            f"valid: --text-key naming a string column ({', '.join(strings) or 'it has none'})"
+        )
     rows, done = max(1, table.metadata.num_rows), 0
     for batch in table.iter_batches(batch_size=1024, columns=[text_key]):
         for text in batch.column(0).to_pylist():

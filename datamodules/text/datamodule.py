@@ -40,6 +40,7 @@ from datamodules.text.shards import (
 )
 from datamodules.text.tokenizers import ByteTokenizer, TextTokenizer, check_bpe_vocab_size, check_kind
 from datamodules.text.windows import RandomWindowSampler, TokenWindows, eval_window_starts
+from fileio.checks import utf8_text
 
 BASELINE_TOKENS = 1 << 24  # the baseline reads at most the first 16M training tokens: cheap on any corpus
 
@@ -121,6 +122,8 @@ class TextDataModule(L.LightningDataModule):
         self.train_samples_per_epoch = train_samples_per_epoch
         self.eval_samples = eval_samples
         self.seed = seed
+        for i, prompt in enumerate(prompts or []):  # undecodable command-line bytes arrive as lone surrogates
+            utf8_text(prompt, f"data.init_args.prompts[{i}]")
         self.prompts, self.num_prompts, self.prompt_len = prompts, num_prompts, prompt_len
 
         self._is_shard_source = source != "embedded" and has_shards(source)

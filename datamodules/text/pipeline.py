@@ -406,9 +406,11 @@ def prepare_corpus(
         raise ValueError(f"{str(directory)!r} holds an unfinished preparation of another spec; valid: --overwrite")
     tok, eod = build_tokenizer(spec, files, directory)
     vocab_size = 256 if spec.tokenizer == "byte" else (spec.vocab_size or tok.vocab_size)
-    if tok.vocab_size > vocab_size:
+    if tok.vocab_size > vocab_size:  # the id space: a tokenizer.json with gaps has ids beyond its token count
+        count = tok.hf.get_vocab_size(with_added_tokens=True)
         raise ValueError(
-            f"tokenizer has {tok.vocab_size} tokens, more than vocab_size={vocab_size}; valid: a larger --vocab-size"
+            f"tokenizer {spec.tokenizer!r} has ids up to {tok.vocab_size - 1} ({count} tokens), more than "
+            f"vocab_size={vocab_size} holds; valid: --vocab-size {tok.vocab_size} or more"
         )
     names = ["tokens"] if single else list(SPLITS)
     writers = [ShardWriter(directory, name, shard_dtype(vocab_size), spec.shard_tokens) for name in names]

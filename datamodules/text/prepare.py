@@ -32,6 +32,7 @@ from datamodules.text.corpus import list_inputs
 from datamodules.text.pipeline import STATE_FILE, PrepareSpec, Stopped, prepare_corpus, spec_sha256
 from datamodules.text.shards import SHARD_TOKENS, check_fractions, has_shards, publish, read_meta, shard_dtype
 from datamodules.text.tokenizers import check_bpe_vocab_size
+from fileio.checks import number
 
 STAGING = ".prepare"  # inside --out: the set being written and its state.json
 LOCK = ".prepare.lock"
@@ -55,9 +56,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-key", default="text", help="JSON key / parquet column holding the text")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="tokenizer processes")
     parser.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="tokens per shard file at most")
-    parser.add_argument("--bpe-sample-mb", type=float, default=1024, help="training text a BPE sees at most")
+    parser.add_argument("--bpe-sample-mb", default="1024", help="training text a BPE sees at most")
     parser.add_argument("--eod-token", default=None, help="end-of-document token of a given tokenizer.json")
-    parser.add_argument("--checkpoint-mb", type=float, default=256, help="text between two saved states")
+    parser.add_argument("--checkpoint-mb", default="256", help="text between two saved states")
     parser.add_argument("--overwrite", action="store_true", help="replace another corpus's shards in --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     try:
@@ -75,8 +76,9 @@ def make_spec(args: argparse.Namespace) -> tuple[PrepareSpec, list]:
     for name in ("workers", "shard_tokens"):
         if getattr(args, name) < (0 if name == "workers" else 1):
             raise PrepareError(f"--{name.replace('_', '-')}={getattr(args, name)}; valid: a positive integer")
-    if args.bpe_sample_mb <= 0 or args.checkpoint_mb <= 0:
-        raise PrepareError("--bpe-sample-mb and --checkpoint-mb must be > 0")
+    for name in ("bpe_sample_mb", "checkpoint_mb"):  # finite sizes: "inf" and "nan" are refused too
+        option = f"--{name.replace('_', '-')}"
+        setattr(args, name, number(getattr(args, name), option, low=0, low_open=True, where="command line"))
     check_fractions(args.val_fraction, args.test_fraction)
     vocab = args.vocab_size if args.vocab_size is not None else (4096 if args.tokenizer == "bpe" else None)
     if args.tokenizer == "bpe":

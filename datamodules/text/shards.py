@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from datamodules.text.tokenizers import BPE_FILE, BYTE_FILE, TextTokenizer, load_tokenizer
+from fileio import InputError, read_json
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 META_FILE = "meta.json"
@@ -153,6 +154,10 @@ class ShardWriter:
         ids = np.asarray(ids)
         if ids.size:
             self.max_id = max(self.max_id, int(ids.max()))
+            if self.max_id > np.iinfo(self.dtype).max:  # astype would wrap it (70000 -> 4464 in uint16)
+                raise ValueError(
+                    f"token id {self.max_id} does not fit the shards' {self.dtype.name}; valid: a vocab_size above it"
+                )
         ids = ids.astype(self.dtype, copy=False)
         while ids.size:
             if not self.files or self.files[-1][1] >= self.shard_tokens:
@@ -341,10 +346,9 @@ def read_meta(directory: str | Path) -> ShardMeta:
     if not path.is_file():
         raise FileNotFoundError(f"{str(directory)!r} holds no token shards: {META_FILE} is missing")
     try:
-        raw = json.loads(path.read_text())
-        meta = ShardMeta(**raw)
-    except (json.JSONDecodeError, TypeError) as err:
-        raise ValueError(f"{str(path)!r} is not a valid shard meta.json ({err})") from None
+        meta = ShardMeta(**read_json(path, "shard meta", dict))
+    except (InputError, TypeError) as err:  # not JSON, an array, too deep; or keys of another format
+        raise ValueError(f"{str(path)!r} is not a valid shard meta.json ({str(err).splitlines()[0]})") from None
     for split in SPLITS:
         for seg in meta.segments(split) if split in meta.split_tokens else []:
             if Path(seg["file"]).name != seg["file"] or seg["file"].startswith("."):

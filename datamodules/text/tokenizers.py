@@ -57,7 +57,7 @@ def read_json_text(path: Path) -> str:
         text = path.read_text(encoding="utf-8")
         if not isinstance(json.loads(text), dict):
             raise ValueError("not a JSON object")
-    except (UnicodeDecodeError, ValueError) as err:
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # RecursionError: nested past reading
         raise ValueError(f"{str(path)!r} is not a JSON tokenizer file ({type(err).__name__}); re-create it") from None
     return text
 
@@ -113,6 +113,10 @@ class BPETokenizer:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.hf = tokenizer
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+        # The id space, not the token count: a tokenizer.json may leave gaps (ids up to 70000 for 50000 tokens),
+        # and every id must fit the embedding table and the shard dtype.
+        self._id_space = max(ids, default=-1) + 1
 
     @classmethod
     def train(cls, texts: str | Sequence[str], vocab_size: int) -> BPETokenizer:
@@ -140,7 +144,8 @@ class BPETokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self.hf.get_vocab_size(with_added_tokens=True)
+        """Largest id + 1 (the token count when the ids have no gaps, as in every BPE trained here)."""
+        return self._id_space
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids

@@ -15,6 +15,7 @@ import torch
 from experiments.analysis.loading import load_module, run_dir_of, validation_batches
 from experiments.analysis.logit_lens import logit_lens_table
 from experiments.analysis.pruning import plot_pruning, pruning_table
+from experiments.reliability.devices import check_device
 from experiments.reliability.errors import OutputDirError, SuiteError
 from experiments.reliability.layout import refuse_existing
 
@@ -106,6 +107,7 @@ def main(argv: list[str]) -> None:
     if args.batches < 1:
         parser.error(f"--batches must be >= 1, got {args.batches}")
     try:
+        check_device(args.device)
         paths = TOOLS[tool](args, overrides)
     except SuiteError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -98,16 +98,16 @@ def extract_features(
     """
     with_logits = getattr(extractor, "logits", False)
     feature_set = FeatureSet(int(extractor.num_features))
-    bar = tqdm(total=total, desc=desc, unit="img", disable=not progress, dynamic_ncols=True, mininterval=1.0)
-    for batch in rebatch(batches, batch_size):
-        batch = batch.to(device)
-        if with_logits:
-            feats, logits = extractor.features_and_logits(batch)
-        else:
-            feats, logits = extractor(batch), None
-        feature_set.add(feats, logits)
-        bar.update(len(batch))
-    bar.close()
+    # The context closes the bar on an error too, so a one-line error starts its own line.
+    with tqdm(total=total, desc=desc, unit="img", disable=not progress, dynamic_ncols=True, mininterval=1.0) as bar:
+        for batch in rebatch(batches, batch_size):
+            batch = batch.to(device)
+            if with_logits:
+                feats, logits = extractor.features_and_logits(batch)
+            else:
+                feats, logits = extractor(batch), None
+            feature_set.add(feats, logits)
+            bar.update(len(batch))
     return feature_set
 
 

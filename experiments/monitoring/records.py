@@ -21,7 +21,7 @@ def read_json(path: Path) -> dict:
     """A small JSON file written by the suite; {} when absent or half-written."""
     try:
         value = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past what json reads
         return {}
     return value if isinstance(value, dict) else {}
 

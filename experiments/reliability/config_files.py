@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import math
 import re
 import types
 import typing
@@ -28,6 +29,7 @@ from annotated_types import Ge, Gt, Interval, Le, Lt
 
 from experiments.reliability.errors import SuiteError, jsonargparse_line
 from experiments.reliability.layout import task_name
+from fileio.checks import InputError, utf8_text
 
 CONFIG_FLAGS = ("-c", "--config")
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
@@ -79,8 +81,26 @@ def _task_of(config: dict[str, Any]) -> str | None:
     return task_name(str(class_path)) if class_path else None
 
 
+def check_argument_text(argv: Iterable[str]) -> None:
+    """Refuses a command-line value holding bytes that are not UTF-8 (typed in another encoding, they reach
+    Python as lone surrogates that jsonargparse cannot handle), naming its option and the position.
+
+    Raises:
+        SuiteError: ``--data.init_args.prompts holds a byte that is not UTF-8 at character 6 (...)``.
+    """
+    option = "a command-line argument"
+    for arg in argv:
+        name, sep, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        try:
+            utf8_text(value if sep else arg, f"{name if sep else option} (command line)")
+        except InputError as err:
+            raise SuiteError(str(err)) from None
+        option = arg if arg.startswith("-") and not sep else "a command-line argument"
+
+
 def check_config_files(argv: Iterable[str]) -> None:
     """Reads every ``-c`` file once (see :func:`read_config`) and refuses two files of different tasks."""
+    check_argument_text(argv)
     first: tuple[str, str] | None = None
     for path in config_paths(argv):
         task = _task_of(read_config(path))
@@ -131,11 +151,47 @@ def origin_of(key: str, argv: Iterable[str]) -> str:
     return origin
 
 
+def _leaves(config: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a parsed config (jsonargparse Namespaces, dicts, lists)."""
+    items = vars(config).items() if hasattr(config, "__dict__") and not isinstance(config, type) else None
+    if isinstance(config, dict):
+        items = config.items()
+    if items is not None:
+        for name, value in items:
+            yield from _leaves(value, f"{prefix}.{name}" if prefix else str(name))
+    elif isinstance(config, list | tuple):
+        for i, value in enumerate(config):
+            yield from _leaves(value, f"{prefix}[{i}]")
+    else:
+        yield prefix, config
+
+
+def check_finite_numbers(config: Any, defaults: Any, argv: Iterable[str]) -> None:
+    """Refuses ``inf`` / ``nan`` a user gave for any number of the config (pydantic's bounds let ``inf`` pass
+    ``> 0``): a learning rate, a weight decay, a size. A parameter whose own default is infinite (``max_loss``:
+    no limit) may be set to ``inf``.
+
+    Raises:
+        SuiteError: ``model.init_args.optim.lr=inf (command line) is not a finite number; valid: ...``.
+    """
+    argv = list(argv)
+    default = dict(_leaves(defaults))
+    for key, value in _leaves(config):
+        if not isinstance(value, float) or math.isfinite(value):
+            continue
+        if isinstance(default.get(key), float) and math.isinf(value) and default[key] == value:
+            continue  # e.g. divergence.max_loss=inf, the parameter's own "no limit"
+        origin = origin_of(key.split("[")[0], argv)
+        bound = declared_bound(key, argv)
+        valid = f"finite numbers {bound}" if bound else "finite numbers"
+        raise SuiteError(f"{key}={value} ({origin}) is not a finite number; valid: {valid}")
+
+
 # Messages that the model's own checks raise at instantiation, and the config key each one names.
 _NAMED_KEYS = (
     (re.compile(r"^unknown norm_scheme "), "model.init_args.trunk.norm_scheme"),
     (re.compile(r"^trunk (\w+) "), "model.init_args.trunk.{0}"),
-    (re.compile(r"^(model\.init_args\.\w+)="), "{0}"),
+    (re.compile(r"^((?:model|data)\.init_args\.\w+)[=\[]"), "{0}"),
 )
 
 

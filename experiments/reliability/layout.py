@@ -114,8 +114,19 @@ def claim_run_dir(run_dir: Path, resuming: bool, overwrite: bool) -> None:
     clear_run_dir(run_dir)
 
 
+def refuse_link(path: Path, what: str) -> None:
+    """A one-line :class:`OutputDirError` when ``path`` is a symbolic link: the suite never clears through one
+    (renaming the link would leave the user's data where it points, and deleting it would follow it)."""
+    if path.is_symlink():
+        raise OutputDirError(
+            f"--overwrite: {what} {path} is a symbolic link (to {os.readlink(path)}); it is left as it is: "
+            "replace its contents yourself, or choose another --run_name"
+        )
+
+
 def clear_run_dir(run_dir: Path) -> None:
     """Deletes a run directory the suite made (it holds :data:`RUN_MARKER`); refuses any other directory."""
+    refuse_link(run_dir, "run directory")
     if not (run_dir / RUN_MARKER).is_file():
         raise OutputDirError(
             f"--overwrite: {run_dir} was not made by the suite (no {RUN_MARKER} in it); it is left as it is: "
@@ -137,6 +148,7 @@ def refuse_existing(paths: list[Path], overwrite: bool, what: str) -> None:
 
 def clear_output_dir(output_dir: Path) -> None:
     """Clears an output directory inside the run (``--overwrite``): renamed away first, then deleted."""
+    refuse_link(output_dir, "output directory")
     trash = output_dir.with_name(f".{output_dir.name}.replaced-{os.getpid()}")
     os.replace(output_dir, trash)
     shutil.rmtree(trash)

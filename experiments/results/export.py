@@ -6,8 +6,10 @@ rebuilt and checked on a fresh clone that has none of the run directories. What 
 comparison's tables and PNGs. Never checkpoints or event files. A file over ``MAX_BYTES`` is skipped
 with a note rather than bloating the repository.
 
-An export is never overwritten without ``--overwrite``; with it, the files an earlier export wrote are
-replaced and anything else in the directory is left alone.
+An export is never overwritten without ``--overwrite``. Each export records the files it wrote in
+``.suite-export.json`` inside the directory; with ``--overwrite`` the files the new export writes are replaced,
+the files the previous export recorded and this one no longer writes (a run the sweep dropped) are removed,
+and nothing else in the directory is touched: a file the suite did not record as its own is never deleted.
 """
 
 from __future__ import annotations
@@ -18,29 +20,68 @@ from pathlib import Path
 
 from experiments.reliability.errors import SuiteError
 from experiments.results.runs import SUMMARY, load_summaries
+from fileio import InputError, atomic_write_json, output_dir, read_json
 
 MAX_BYTES = 1 << 20  # 1 MiB: a summary is a few KB, a plot a few hundred
 TOP_LEVEL = ("sweep.yaml", "comparison.md", "comparison.csv", "comparison_cells.csv")
 
 
-def _exported_files(target: Path) -> list[Path]:
-    """The files an export wrote into ``target``."""
-    found = [target / name for name in TOP_LEVEL] + list(target.glob("*.png")) + list(target.glob(f"*/{SUMMARY}"))
-    return [p for p in found if p.is_file()]
+MANIFEST = ".suite-export.json"  # {"made_by": "compare --export", "sweep": ..., "files": [relative paths]}
 
 
-def _run_names(sweep_dir: Path) -> list[str]:
-    return list(load_summaries(sweep_dir))
+def recorded_files(target: Path) -> list[Path]:
+    """The files the previous export recorded in ``target``'s manifest (that still exist); [] without one.
+
+    A manifest entry that is not a plain relative path inside ``target`` is refused: the manifest is a file a
+    user could have edited, and it decides what ``--overwrite`` deletes.
+    """
+    manifest = target / MANIFEST
+    if not manifest.is_file():
+        return []
+    try:
+        files = read_json(manifest, "export manifest", dict).get("files")
+    except InputError as err:
+        raise SuiteError(f"{err}; valid: the manifest an export writes, or remove it") from None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise SuiteError(f"export manifest {manifest} has no list of file names; valid: the manifest an export writes")
+    out = []
+    for name in files:
+        path = target / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or name.startswith(".") or path.is_symlink():
+            raise SuiteError(f"export manifest {manifest} names {name!r}; valid: files inside {target}")
+        if path.is_file():
+            out.append(path)
+    return out
+
+
+def _sources(sweep_dir: Path) -> list[Path]:
+    """The files of the comparison to copy, in a fixed order."""
+    sources = [sweep_dir / name for name in TOP_LEVEL] + sorted(sweep_dir.glob("*.png"))
+    sources += [sweep_dir / name / SUMMARY for name in load_summaries(sweep_dir)]
+    return [p for p in sources if p.is_file()]
 
 
 def check_target(target: Path, sweep_dir: Path, overwrite: bool) -> None:
     """Raises :class:`SuiteError` (before anything is written) when ``target`` cannot take the export."""
-    if target.exists() and not target.is_dir():
-        raise SuiteError(f"--export {target} is a file; valid: a directory such as docs/results/<sweep>")
+    try:
+        output_dir(target, "--export")
+    except InputError as err:
+        raise SuiteError(str(err)) from None
     if target.resolve() == sweep_dir.resolve() or sweep_dir.resolve() in target.resolve().parents:
         raise SuiteError(f"--export {target} lies inside the sweep {sweep_dir}; valid: a directory outside it")
-    if _exported_files(target) and not overwrite:
+    if overwrite:
+        recorded_files(target)  # a manifest that names files outside the export is refused now
+        return
+    if (target / MANIFEST).is_file():
         raise SuiteError(f"--export {target} already holds an exported comparison; valid: --overwrite to replace it")
+    names = dict.fromkeys([*TOP_LEVEL, "curves.png", *(str(p.relative_to(sweep_dir)) for p in _sources(sweep_dir))])
+    clashes = [target / name for name in names if (target / name).exists()]
+    if clashes:
+        raise SuiteError(
+            f"--export {target} already holds {clashes[0].relative_to(target)}"
+            f"{f' and {len(clashes) - 1} more' if len(clashes) > 1 else ''} (an exported comparison?); "
+            "valid: --overwrite to replace them, or another directory"
+        )
 
 
 def export(sweep_dir: Path, target: Path, overwrite: bool = False) -> list[Path]:
@@ -50,15 +91,9 @@ def export(sweep_dir: Path, target: Path, overwrite: bool = False) -> list[Path]
         The files written.
     """
     check_target(target, sweep_dir, overwrite)
-    sources = [sweep_dir / name for name in TOP_LEVEL] + sorted(sweep_dir.glob("*.png"))
-    sources += [sweep_dir / name / SUMMARY for name in _run_names(sweep_dir)]
-    sources = [p for p in sources if p.is_file()]
-    for old in _exported_files(target):  # only with --overwrite (checked above): the previous export's files
-        old.unlink()
-        if old.parent != target and not any(old.parent.iterdir()):
-            old.parent.rmdir()
+    previous = recorded_files(target)
     written = []
-    for source in sources:
+    for source in _sources(sweep_dir):
         size = source.stat().st_size
         if size > MAX_BYTES:
             limit = f"{size / 2**20:.1f} MiB > {MAX_BYTES / 2**20:.0f} MiB"
@@ -66,6 +101,14 @@ def export(sweep_dir: Path, target: Path, overwrite: bool = False) -> list[Path]
             continue
         dest = target / source.relative_to(sweep_dir)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_symlink():
+            dest.unlink()  # replace the link itself, never write through it to where it points
         shutil.copyfile(source, dest)
         written.append(dest)
+    for old in set(previous) - set(written):  # recorded by the previous export, not written by this one
+        old.unlink()
+        if old.parent != target and not any(old.parent.iterdir()):
+            old.parent.rmdir()
+    files = sorted(str(p.relative_to(target)) for p in written)
+    atomic_write_json(target / MANIFEST, {"made_by": "compare --export", "sweep": str(sweep_dir), "files": files})
     return written

@@ -13,6 +13,7 @@ local executor (tests, a workstation), ``array_parallelism`` at a time, the swee
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -54,11 +55,18 @@ def slurm_parameters(spec: SweepSpec) -> dict[str, Any]:
         "cpus_per_task": la["cpus_per_task"],
         "account": la["account"],
         "qos": la["qos"],
-        "mem": f"{int(la['mem_gb'])}GB" if la["mem_gb"] else None,
+        "mem": _memory(la["mem_gb"]),
         "setup": la["setup"] or None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     return params
+
+
+def _memory(mem_gb: float | None) -> str | None:
+    """SLURM's ``--mem``: whole GB as ``64GB``, a fraction in MB (``0.5`` -> ``512MB``, never ``0GB``)."""
+    if mem_gb is None:
+        return None
+    return f"{int(mem_gb)}GB" if float(mem_gb).is_integer() else f"{math.ceil(mem_gb * 1024)}MB"
 
 
 def sbatch_script(spec: SweepSpec, num_jobs: int, folder: Path) -> str:

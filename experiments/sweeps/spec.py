@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 import sys
 from dataclasses import dataclass, field, fields
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from experiments.reliability.errors import SuiteError
+from fileio.checks import InputError, number
 from models.schemes import NormScheme
 
 NORM_OVERLAYS = Path("configs/norm")
@@ -68,22 +70,13 @@ def check_name(value: object, what: str, where: str) -> str:
     return value
 
 
-def _number(value: object, key: str, where: str, kind: type) -> float | int:
-    """A float or int from YAML, converting strings such as ``"1e-3"`` that PyYAML does not read as numbers."""
-    if isinstance(value, bool):
-        raise SpecError(f"{key}={value!r} is not a number ({where}); valid: {kind.__name__} values")
-    if isinstance(value, str):
-        try:
-            value = float(value.strip().replace("_", ""))
-        except ValueError:
-            raise SpecError(f"{key}={value!r} is not a number ({where}); valid: {kind.__name__} values") from None
-    if not isinstance(value, int | float) or value != value:  # NaN is not a grid point
-        raise SpecError(f"{key}={value!r} is not a number ({where}); valid: {kind.__name__} values")
-    if kind is int:
-        if float(value) != int(value):
-            raise SpecError(f"{key}={value!r} is not a whole number ({where}); valid: integers")
-        return int(value)
-    return float(value)
+def _number(value: object, key: str, where: str, kind: type, **bounds: Any) -> float | int:
+    """A finite float or int from YAML or the command line, strings such as ``"1e-3"`` (which PyYAML does not
+    read as numbers) converted; ``inf`` / ``nan`` / ``1e400`` refused (:func:`fileio.checks.number`)."""
+    try:
+        return number(value, key, kind=kind, where=where, **bounds)
+    except InputError as err:
+        raise SpecError(str(err)) from None
 
 
 def _list(raw: dict, key: str, where: str) -> list:
@@ -255,10 +248,11 @@ def _build(raw: dict, where: str, overrides: dict[str, dict]) -> SweepSpec:
         kwargs["progress_every_s"] = _number(raw["progress_every_s"], "progress_every_s", where, float)
         if kwargs["progress_every_s"] <= 0:
             raise SpecError(f"progress_every_s={raw['progress_every_s']!r} must be > 0 ({where})")
-    kwargs["budget"] = _budget({**_mapping(raw, "budget", where), **overrides.get("budget", {})}, where)
+    given = overrides.get("budget", {})
+    kwargs["budget"] = _budget({**_mapping(raw, "budget", where), **given}, where, given)
     launcher, given = _mapping(raw, "launcher", where), overrides.get("launcher", {})
-    extra = {**(launcher.get("extra") or {}), **(given.get("extra") or {})}
-    kwargs["launcher"] = _launcher({**launcher, **given, **({"extra": extra} if extra else {})}, where)
+    extra = {**_extra(launcher, where), **_extra(given, "command line --launcher")}
+    kwargs["launcher"] = _launcher({**launcher, **given, **({"extra": extra} if extra else {})}, where, given)
     kwargs["compute"] = _compute({**_mapping(raw, "compute", where), **overrides.get("compute", {})}, where)
     kwargs["dataset"] = _dataset(_mapping(raw, "dataset", where), where)
     spec = SweepSpec(**kwargs)
@@ -266,48 +260,90 @@ def _build(raw: dict, where: str, overrides: dict[str, dict]) -> SweepSpec:
     return spec
 
 
-def _budget(budget: dict, where: str) -> dict:
+def _where(key: str, given: dict, option: str, where: str) -> str:
+    """Where a value came from: ``--budget`` on the command line, or the sweep file."""
+    return f"command line {option}" if key in given else where
+
+
+def _budget(budget: dict, where: str, given: dict | None = None) -> dict:
+    given = given or {}
     unknown = set(budget) - set(BUDGET_KEYS)
     if unknown:
-        raise SpecError(f"unknown budget keys {sorted(unknown)} ({where}); valid: one of {', '.join(BUDGET_KEYS)}")
+        origin = "command line --budget" if unknown & set(given) else where
+        raise SpecError(f"unknown budget keys {sorted(unknown)} ({origin}); valid: one of {', '.join(BUDGET_KEYS)}")
     budget = {k: v for k, v in budget.items() if v is not None}
     if len(budget) > 1:
         raise SpecError(f"budget gives {sorted(budget)} ({where}); valid: one of {', '.join(BUDGET_KEYS)}")
     out = {}
     for key, value in budget.items():
-        number = _number(value, f"budget.{key}", where, int if key != "tokens" else float)
-        if number <= 0:
-            raise SpecError(f"budget.{key}={value!r} must be > 0 ({where})")
-        out[key] = int(number)
+        kind = int if key != "tokens" else float
+        origin = _where(key, given, "--budget", where)
+        out[key] = int(_number(value, f"budget.{key}", origin, kind, low=0, low_open=True))
     return out
 
 
-def _launcher(given: dict, where: str) -> dict:
+def _extra(launcher: dict, where: str) -> dict:
+    value = launcher.get("extra") or {}
+    if not isinstance(value, dict):
+        raise SpecError(
+            f"launcher.extra={value!r} ({where}); valid: a mapping of #SBATCH options, e.g. extra.constraint=h100"
+        )
+    return value
+
+
+# Strings the launcher writes into the sbatch script: one line each, or a value could add directives of its own.
+_SCRIPT_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def _one_line(value: object, key: str, where: str) -> None:
+    if isinstance(value, str) and ("\n" in value or "\r" in value):
+        raise SpecError(f"launcher.{key}={value!r} spans several lines ({where}); valid: one line")
+
+
+def _launcher(given: dict, where: str, command_line: dict | None = None) -> dict:
+    command_line = command_line or {}
+
+    def origin(key: str) -> str:
+        return _where(key, command_line, "--launcher", where)
+
     unknown = set(given) - set(LAUNCHER_DEFAULTS)
     if unknown:
-        raise SpecError(f"unknown launcher keys {sorted(unknown)} ({where}); valid: {', '.join(LAUNCHER_DEFAULTS)}")
+        raise SpecError(
+            f"unknown launcher keys {sorted(unknown)} ({origin(sorted(unknown)[0])}); "
+            f"valid: {', '.join(LAUNCHER_DEFAULTS)}"
+        )
     launcher = {**copy.deepcopy(LAUNCHER_DEFAULTS), **given}
     if launcher["kind"] not in LAUNCHER_KINDS:
-        raise SpecError(f"launcher.kind={launcher['kind']!r} ({where}); valid: {', '.join(LAUNCHER_KINDS)}")
+        raise SpecError(f"launcher.kind={launcher['kind']!r} ({origin('kind')}); valid: {', '.join(LAUNCHER_KINDS)}")
     if launcher["cluster"] not in CLUSTERS:
-        raise SpecError(f"launcher.cluster={launcher['cluster']!r} ({where}); valid: {', '.join(CLUSTERS)}")
+        raise SpecError(f"launcher.cluster={launcher['cluster']!r} ({origin('cluster')}); valid: {', '.join(CLUSTERS)}")
     for key in ("nodes", "gpus_per_node", "cpus_per_task", "timeout_min", "array_parallelism", "signal_delay_s",
                 "max_requeues"):  # fmt: skip
         if launcher[key] is not None:
-            launcher[key] = _number(launcher[key], f"launcher.{key}", where, int)
             low = 0 if key in ("gpus_per_node", "max_requeues") else 1
-            if launcher[key] < low:
-                raise SpecError(f"launcher.{key}={launcher[key]} must be >= {low} ({where})")
+            launcher[key] = _number(launcher[key], f"launcher.{key}", origin(key), int, low=low)
     if launcher["mem_gb"] is not None:
-        launcher["mem_gb"] = _number(launcher["mem_gb"], "launcher.mem_gb", where, float)
+        launcher["mem_gb"] = _number(
+            launcher["mem_gb"], "launcher.mem_gb", origin("mem_gb"), float, low=0, low_open=True
+        )
     if launcher["signal_delay_s"] >= 60 * launcher["timeout_min"]:
-        raise SpecError(f"launcher.signal_delay_s={launcher['signal_delay_s']} must be below timeout_min ({where})")
+        raise SpecError(
+            f"launcher.signal_delay_s={launcher['signal_delay_s']} must be below timeout_min "
+            f"({origin('signal_delay_s')})"
+        )
     for key in ("partition", "account", "qos"):
         if launcher[key] is not None and not isinstance(launcher[key], str):
-            raise SpecError(f"launcher.{key}={launcher[key]!r} ({where}); valid: a string")
-    launcher["setup"] = _strings(launcher, "setup", where)
-    if not isinstance(launcher["extra"], dict):
-        raise SpecError(f"launcher.extra={launcher['extra']!r} ({where}); valid: a mapping of #SBATCH options")
+            raise SpecError(f"launcher.{key}={launcher[key]!r} ({origin(key)}); valid: a string")
+        _one_line(launcher[key], key, origin(key))
+    launcher["setup"] = _strings(launcher, "setup", origin("setup"))
+    for line in launcher["setup"]:
+        _one_line(line, "setup", origin("setup"))
+    for name, value in launcher["extra"].items():
+        if not isinstance(name, str) or not _SCRIPT_KEY.fullmatch(name):
+            raise SpecError(f"launcher.extra key {name!r} ({origin('extra')}); valid: an #SBATCH option name")
+        if isinstance(value, dict | list) or (isinstance(value, float) and not math.isfinite(value)):
+            raise SpecError(f"launcher.extra.{name}={value!r} ({origin('extra')}); valid: a string or a number")
+        _one_line(value, f"extra.{name}", origin("extra"))
     return launcher
 
 

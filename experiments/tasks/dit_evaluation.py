@@ -4,6 +4,8 @@
     on_test_epoch_end every rank: its chunks of the N samples       <run>/samples/<settings>/chunk_*.npz
                       rank 0:     samples-n<N>.npz (ADM layout), features in batches, FID / KID / P / R / IS,
                                   <run>/test_samples.png, metrics.json; broadcast, logged as test/<metric>
+                                  (the reference's features: computed by the first run, then read from
+                                  <latent cache>/fid_stats/, see experiments.evaluation.reference_cache)
 
 ``module.test_protocol`` (a flat dict: samples, sampler, steps, cfg scale and channels, reference path,
 sha256 and image count, feature backend ...) goes into ``summary.json`` and the TensorBoard hparams, so a
@@ -22,8 +24,9 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from experiments.evaluation.fid import build_feature_extractor, open_reference
-from experiments.evaluation.fid.heldout import heldout_reference
+from experiments.evaluation.fid.heldout import fid_stats_dir, heldout_reference
 from experiments.evaluation.generation import score_against
+from experiments.evaluation.reference_cache import with_cached_features
 from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.sampling import (
     SamplePlan,
@@ -112,11 +115,16 @@ class GenerationEvaluation:
         grid = self.write_grid(directory)
         extractor = build_feature_extractor(hp.fid_weights)
         extractor.module.to(module.device)
-        reference = self.reference
+        reference, datamodule = self.reference, self.trainer.datamodule
         if reference is None:
             reference = heldout_reference(
-                self.trainer.datamodule, extractor, hp.fid_real_images, hp.fid_feature_batch_size, module.device
+                datamodule, extractor, hp.fid_real_images, hp.fid_feature_batch_size, module.device
             )
+        else:  # its features once per (reference, network, layer, count): every seed and scheme reuses them
+            reference = with_cached_features(
+                reference, extractor, fid_stats_dir(datamodule), batch_size=hp.fid_feature_batch_size,
+                device=module.device,
+            )  # fmt: skip
         scores, _ = score_against(
             reference,
             image_batches(directory, plan),

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from datamodules.text.datamodule import TextDataModule
@@ -67,6 +71,9 @@ def error_line(args: list[str], capsys) -> str:
         (["--model.init_args.trunk.norm_layer=batchnorm"], ["norm_layer 'batchnorm'", "valid: layernorm, rmsnorm"]),
         (["--model.init_args.trunk.num_heads=5"], ["dim 32 is not divisible by num_heads 5"]),
         (["--model.init_args.optim.lr=-0.001"], ["model.init_args.optim.lr=-0.001 (command line); valid: > 0"]),
+        (["--model.init_args.optim.lr=inf"], ["model.init_args.optim.lr=inf (command line) is not a finite number",
+                                              "valid: finite numbers > 0"]),
+        (["--model.init_args.optim.weight_decay=nan"], ["model.init_args.optim.weight_decay=nan (command line)"]),
         (["--data.init_args.batch_size=0"], ["data.init_args.batch_size=0 (command line); valid: >= 1"]),
         (["--trainer.max_steps=abc"], ["trainer.max_steps: expected int, got abc"]),
         (["--model.init_args.trunk.nope=1"], ["unrecognized arguments: --trunk.nope=1"]),
@@ -81,8 +88,9 @@ def error_line(args: list[str], capsys) -> str:
                                                        "configs/lm/tiny.yaml is a 'lm' config"]),
         (["--weights_only=false"], ["--weights_only=false would let a checkpoint run code"]),
     ],
-    ids=["scheme", "norm-layer", "heads", "lr", "batch-size", "not-an-int", "unknown-key", "no-config", "no-ckpt",
-         "top-k", "temperature", "typo-trainer", "typo-model", "typo-data", "two-tasks", "weights-only"],
+    ids=["scheme", "norm-layer", "heads", "lr", "lr-inf", "wd-nan", "batch-size", "not-an-int", "unknown-key",
+         "no-config", "no-ckpt", "top-k", "temperature", "typo-trainer", "typo-model", "typo-data",
+         "two-tasks", "weights-only"],
 )  # fmt: skip
 def test_bad_config_value(extra: list[str], needles: list[str], tmp_path: Path, corpus, capsys):
     line = error_line(lm(tmp_path, corpus, *extra), capsys)
@@ -293,3 +301,176 @@ def test_a_value_the_model_refuses_names_the_file_that_set_it(where: str, tmp_pa
     line = error_line([*lm(tmp_path, corpus), *extra], capsys)
     origin = str(overlay) if where == "file" else "command line"
     assert line.startswith(f"error: unknown norm_scheme 'bogus' ({origin}); valid: pre, post, ")
+
+
+#################################################################################
+#       Second round: the newer surfaces (fid, evaluate, lm-eval, sweeps, compare) #
+#################################################################################
+
+
+def tree_hashes(*roots: Path) -> dict[str, str]:
+    """sha256 of every file under ``roots`` (symlinks by their target text): compared before and after a case."""
+    out = {}
+    for root in roots:
+        for path in sorted(Path(root).rglob("*")):
+            if path.is_symlink():
+                out[str(path)] = "link:" + os.readlink(path)
+            elif path.is_file():
+                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def write_images(folder: Path, count: int, size: int, seed: int) -> Path:
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """Inputs the cases point at: image folders, statistics files, a regular file, a sweep spec and a sweep
+    directory, checkpoints. Built once; every case checks that none of it changes."""
+    root = tmp_path_factory.mktemp("world")
+    w = {"root": root, "a": write_images(root / "a", 4, 16, 0), "b": write_images(root / "b", 4, 16, 1)}
+    w["file"] = root / "notes.txt"
+    w["file"].write_text("a regular file\n")
+    w["stats"] = root / "stats.npz"
+    np.savez(w["stats"], mu=np.zeros(4), sigma=np.eye(4))
+    w["neg_stats"] = root / "neg-identity.npz"
+    np.savez(w["neg_stats"], mu=np.zeros(4), sigma=-np.eye(4))  # -I: no features have it
+    w["asym_stats"] = root / "asymmetric.npz"
+    np.savez(w["asym_stats"], mu=np.zeros(2), sigma=np.array([[1.0, 0.5], [0.0, 1.0]]))
+    w["ckpt"] = root / "lm.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}}, w["ckpt"])  # options are checked before it is read
+    spec = yaml.safe_load((ROOT / "configs/sweeps/demo.yaml").read_text())
+    w["spec"] = root / "sweep.yaml"
+    w["spec"].write_text(yaml.safe_dump({**spec, "runs_root": str(root / "runs")}))
+    return w
+
+
+def in_world(args: list[str], world: dict[str, Path]) -> list[str]:
+    return [a.format(**world) for a in args]
+
+
+# Each: argv (with {name} for the world's paths), then what the one line must name.
+OPTION_CASES = {
+    "fid-device": (["fid", "{a}", "{b}", "--device", "gpu"], ["--device 'gpu' is not a device name; valid: cpu"]),
+    "fid-cuda-absent": (["fid", "{a}", "{b}", "--device", "cuda:3"], ["--device 'cuda:3'", "valid: cpu"]),
+    "fid-batch-inf": (["fid", "{a}", "{b}", "--batch-size", "inf"], ["--batch-size='inf' is not a finite number"]),
+    "fid-stats-exists": (["fid", "{a}", "{b}", "--save-real-stats", "{stats}"],
+                         ["--save-real-stats {stats} exists; valid: another path, or --overwrite"]),
+    "fid-stats-under-file": (["fid", "{a}", "{b}", "--save-real-stats", "{file}/stats.npz"],
+                             ["--save-real-stats {file}/stats.npz lies under {file}, which is a file"]),
+    "fid-stats-of-stats": (["fid", "{stats}", "{b}", "--save-real-stats", "{root}/new.npz"],
+                           ["--save-real-stats: {stats} holds stored statistics already"]),
+    "evaluate-device": (["evaluate", "--ckpt", "{ckpt}", "--device", "gpu"], ["--device 'gpu' is not a device name"]),
+    "evaluate-out-under-file": (["evaluate", "--ckpt", "{ckpt}", "--out", "{file}/scores.json"],
+                                ["--out {file}/scores.json lies under {file}, which is a file"]),
+    "evaluate-limit": (["evaluate", "--ckpt", "{ckpt}", "--limit", "-3"], ["downstream.limit=-3 must be a positive"]),
+    "prune-device": (["prune", "--ckpt", "{ckpt}", "--device", "tpu"], ["--device 'tpu' is not a device name"]),
+    "logit-lens-device": (["logit-lens", "--ckpt", "{ckpt}", "--device", "cuda"], ["--device 'cuda'", "valid: cpu"]),
+    "lm-eval-limit": (["lm-eval", "--ckpt", "{ckpt}", "--tasks", "x", "--limit", "-5"],
+                      ["--limit='-5' must be > 0 (command line)"]),
+    "lm-eval-fewshot": (["lm-eval", "--ckpt", "{ckpt}", "--tasks", "x", "--num_fewshot", "nan"],
+                        ["--num_fewshot='nan' is not a finite number"]),
+    "lm-eval-batch": (["lm-eval", "--ckpt", "{ckpt}", "--tasks", "x", "--batch_size", "0"],
+                      ["--batch_size='0'; valid: an integer >= 1, auto or auto:N"]),
+    "lm-eval-device": (["lm-eval", "--ckpt", "{ckpt}", "--tasks", "x", "--device", "gpu"], ["--device 'gpu'"]),
+    "lm-eval-output-under-file": (["lm-eval", "--ckpt", "{ckpt}", "--tasks", "x", "--output_path", "{file}/out"],
+                                  ["--output_path {file}/out lies under {file}, which is a file"]),
+    "sweep-extra": (["sweep", "{spec}", "--launcher", "extra=abc", "--dry-run"],
+                    ["launcher.extra='abc' (command line --launcher); valid: a mapping"]),
+    "sweep-tokens-1e400": (["sweep", "{spec}", "--budget", "tokens=1e400", "--dry-run"],
+                           ["budget.tokens='1e400' is not a finite number (command line --budget)"]),
+    "sweep-steps-inf": (["sweep", "{spec}", "--budget", "steps=.inf", "--dry-run"],
+                        ["budget.steps=inf is not a finite number (command line --budget)"]),
+    "sweep-mfu-nan": (["sweep", "{spec}", "--compute", "mfu=.nan", "--dry-run"], ["compute.mfu=nan is not a finite"]),
+    "sweep-mem": (["sweep", "{spec}", "--launcher", "kind=submitit", "--launcher", "mem_gb=-5", "--dry-run"],
+                  ["launcher.mem_gb=-5 must be > 0 (command line --launcher)"]),
+    "sweep-sbatch-newline": (["sweep", "{spec}", "--launcher", "kind=submitit", "--launcher",
+                              'partition="gpu\\n#SBATCH --wrap=evil"', "--dry-run"],
+                             ["launcher.partition=", "spans several lines (command line --launcher)"]),
+    "compare-export-under-file": (["compare", "{root}/sweep-dir", "--export", "{file}/results"],
+                                  ["--export {file}/results lies under {file}, which is a file"]),
+    "fid-neg-identity-sigma": (["fid", "{neg_stats}", "{b}"],
+                               ["{neg_stats}: sigma has the negative eigenvalue -1", "positive semi-definite"]),
+    "fid-asymmetric-sigma": (["fid", "{asym_stats}", "{b}"],
+                             ["{asym_stats}: sigma is not symmetric (|sigma - sigma^T| up to 0.5)"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(OPTION_CASES))
+def test_a_bad_option_or_statistics_file_is_one_line_before_any_work(case, world, capsys):
+    """Exit 2, one line naming the value and what is valid, and nothing written or changed anywhere."""
+    args, needles = OPTION_CASES[case]
+    if case.startswith("compare") and not (world["root"] / "sweep-dir").exists():
+        (world["root"] / "sweep-dir" / "pre").mkdir(parents=True)
+        (world["root"] / "sweep-dir" / "pre" / "summary.json").write_text('{"status": "finished"}')
+    before = tree_hashes(world["root"])
+    line = error_line(in_world(args, world), capsys)
+    for needle in needles:
+        assert needle.format(**world) in line, line
+    assert tree_hashes(world["root"]) == before
+
+
+def test_the_real_command_line_exits_2_without_a_traceback(world):
+    """Two cases as a user types them: a separate process, status 2, one line, the value named."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    before = tree_hashes(world["root"])
+    for args, needle in [
+        (["fid", str(world["a"]), str(world["b"]), "--device", "gpu"], "error: --device 'gpu' is not a device name"),
+        (["sweep", str(world["spec"]), "--budget", "tokens=1e400"], "error: budget.tokens='1e400' is not a finite"),
+    ]:
+        proc = subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(needle), proc.stderr
+    assert tree_hashes(world["root"]) == before
+
+
+def test_save_real_stats_replaces_a_file_only_with_overwrite(world, monkeypatch, tmp_path, capsys):
+    import experiments.evaluation.fid.weights as fid_weights
+
+    monkeypatch.setattr(fid_weights, "locate_fid_helper_torchscript", lambda: None)  # the fast proxy network
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    stats = tmp_path / "real.npz"
+    stats.write_bytes(b"mine")
+    args = ["fid", str(world["a"]), str(world["b"]), "--feature", "64", "--no-progress"]
+    args += ["--save-real-stats", str(stats)]
+    assert "exists; valid: another path, or --overwrite" in error_line(args, capsys)
+    assert stats.read_bytes() == b"mine"
+    main([*args, "--overwrite"])
+    assert np.load(stats, allow_pickle=False)["features"].shape == (4, 64)
+
+
+#################################################################################
+#          Second round: prompts, run directories that are links                 #
+#################################################################################
+
+
+def test_an_undecodable_prompt_names_the_option(tmp_path: Path, corpus, capsys):
+    """A prompt typed in another encoding arrives as a lone surrogate ('\\udce9' for the byte 0xE9)."""
+    line = error_line(lm(tmp_path, corpus, '--data.init_args.prompts=["caf\udce9 au lait"]', sub="predict"), capsys)
+    assert line.startswith("error: --data.init_args.prompts (command line) holds a byte that is not UTF-8 at ")
+    assert "character 5" in line and "valid: UTF-8 text" in line
+    assert not (tmp_path / "runs").exists()
+    # From a config file or Python the datamodule names the prompt itself.
+    with pytest.raises(
+        ValueError, match=r"^data\.init_args\.prompts\[1\] holds a byte that is not UTF-8 at character 0"
+    ):
+        TextDataModule(source=str(corpus[0]), prompts=["fine", "\udcff"])
+
+
+def test_overwrite_refuses_a_run_directory_that_is_a_link(tmp_path: Path, corpus, capsys):
+    elsewhere = tmp_path / "big-disk" / "pre"
+    main(lm(tmp_path, corpus, "--trainer.max_steps=1", "--trainer.limit_val_batches=1",
+            "--trainer.num_sanity_val_steps=0", "--run_name=pre"))  # fmt: skip
+    shutil.move(tmp_path / "runs" / "lm" / "tiny" / "pre", elsewhere)
+    (tmp_path / "runs" / "lm" / "tiny" / "pre").symlink_to(elsewhere, target_is_directory=True)
+    before = tree_hashes(tmp_path / "runs", tmp_path / "big-disk")
+    line = error_line(lm(tmp_path, corpus, "--trainer.max_steps=1", "--overwrite"), capsys)
+    link = tmp_path / "runs" / "lm" / "tiny" / "pre"
+    assert f"--overwrite: run directory {link} is a symbolic link (to {elsewhere}); it is left as it is" in line
+    assert link.is_symlink() and tree_hashes(tmp_path / "runs", tmp_path / "big-disk") == before

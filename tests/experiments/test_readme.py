@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from experiments.__main__ import main as dispatch
 from experiments.reliability.errors import SuiteError
-from experiments.results import compare, readme
+from experiments.results import compare, export, readme
 from tests.experiments.test_compare import PRE, SIAMESE, seeded, write_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,25 +32,39 @@ def test_export_copies_the_small_files_only(exported):
     root, sweep_dir = exported
     target = root / "docs/results/seeds"
     names = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
-    assert names == sorted(["sweep.yaml", "comparison.md", "comparison.csv", "comparison_cells.csv", "curves.png",
-                            *[f"{s}-s{i}/summary.json" for s in ("pre", "siamese") for i in (1, 2, 3)]])  # fmt: skip
+    exported_names = ["sweep.yaml", "comparison.md", "comparison.csv", "comparison_cells.csv", "curves.png",
+                      *[f"{s}-s{i}/summary.json" for s in ("pre", "siamese") for i in (1, 2, 3)]]  # fmt: skip
+    assert names == sorted([*exported_names, export.MANIFEST])
+    assert json.loads((target / export.MANIFEST).read_text())["files"] == sorted(exported_names)
     assert (target / "comparison.md").read_text() == (sweep_dir / "comparison.md").read_text()
     # The export alone rebuilds the same tables (what README is generated from on a fresh clone).
     assert compare.load_comparison(target).markdown() == (sweep_dir / "comparison.md").read_text()
 
 
-def test_export_never_overwrites_without_being_asked(exported, capsys):
+def test_export_never_overwrites_without_being_asked(exported, capsys, tmp_path):
     root, sweep_dir = exported
     target = root / "docs/results/seeds"
     with pytest.raises(SystemExit) as exc:
         dispatch(["compare", str(sweep_dir), "--export", str(target)])
     assert exc.value.code == 2
     assert "already holds an exported comparison; valid: --overwrite" in capsys.readouterr().err
-    (target / "stale-s9").mkdir()
-    (target / "stale-s9" / "summary.json").write_text("{}")  # a run the sweep no longer has
+    # An export that had one run more (the sweep dropped it since): its files are the suite's to remove.
+    bigger = tmp_path / "bigger"
+    shutil.copytree(sweep_dir, bigger)
+    shutil.copytree(sweep_dir / "pre-s1", bigger / "stale-s9")
+    record = yaml.safe_load((bigger / "sweep.yaml").read_text())
+    record["runs"].append("stale-s9")
+    (bigger / "sweep.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+    export.export(bigger, target, overwrite=True)
+    assert (target / "stale-s9" / "summary.json").is_file()
+    # Files the user put there, even with names an export uses, are not the suite's: never deleted.
+    (target / "mine-s9").mkdir()
+    (target / "mine-s9" / "summary.json").write_text("{}")
     (target / "notes.txt").write_text("mine")
+    (target / "my-plot.png").write_bytes(b"png")
     compare.main([str(sweep_dir), "--export", str(target), "--overwrite"])
     assert not (target / "stale-s9").exists() and (target / "notes.txt").read_text() == "mine"
+    assert (target / "mine-s9" / "summary.json").read_text() == "{}" and (target / "my-plot.png").is_file()
     with pytest.raises(SystemExit) as exc:
         dispatch(["compare", str(root / "nowhere")])
     assert exc.value.code == 2 and "is not a directory; valid: a sweep directory" in capsys.readouterr().err

@@ -9,6 +9,8 @@ without ``allow_pickle=False``, ``pickle.load``, ``yaml.load``) from coming back
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 import os
 import shutil
 import zipfile
@@ -326,3 +328,156 @@ def test_the_scan_accepts_the_safe_forms():
     )
     assert unsafe_calls(safe) == []
     assert len(project_sources()) > 100  # the scan sees the whole project
+
+
+#################################################################################
+#         Right name, wrong content: one line, exit 2, nothing changed           #
+#################################################################################
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``: compared before and after each case."""
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _deep(depth: int = 100_000) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _vae_dir(root: Path, **changes) -> Path:
+    from models.vae import build_vae
+
+    directory = root / "vae"
+    build_vae([8], layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=8).save_pretrained(directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+    return directory
+
+
+def _sweep_with(root: Path, summary: str) -> Path:
+    (root / "sweep" / "pre").mkdir(parents=True)
+    (root / "sweep" / "pre" / "summary.json").write_text(summary)
+    return root / "sweep"
+
+
+# Each case: build the file(s) under root, return the command and what its one line must say.
+def _checkpoint_list(root: Path, lm_run: Path):
+    torch.save([1, 2, 3], root / "list.ckpt")
+    return ["evaluate", "--ckpt", str(root / "list.ckpt"), "--device", "cpu"], [
+        f"checkpoint {root / 'list.ckpt'} holds a list, not a checkpoint dict"
+    ]
+
+
+def _checkpoint_list_lm_eval(root: Path, lm_run: Path):
+    torch.save([1, 2, 3], root / "list.ckpt")
+    return ["lm-eval", "--ckpt", str(root / "list.ckpt"), "--tasks", "x"], [
+        f"checkpoint {root / 'list.ckpt'} holds a list, not a checkpoint dict"
+    ]
+
+
+def _checkpoint_odd_hparams(root: Path, lm_run: Path):
+    payload = load_checkpoint(lm_run / "checkpoints" / "last.ckpt")
+    payload["hyper_parameters"]["trunk"]["depth"] = "two"
+    torch.save(payload, root / "odd.ckpt")
+    return ["evaluate", "--ckpt", str(root / "odd.ckpt"), "--device", "cpu"], [
+        f"checkpoint {root / 'odd.ckpt'}: its saved hyperparameters do not build an LM"
+    ]
+
+
+def _checkpoint_list_fit(root: Path, lm_run: Path):
+    torch.save([1, 2, 3], root / "list.ckpt")
+    args = ["prune", "--ckpt", str(root / "list.ckpt"), "--device", "cpu"]
+    return args, [f"checkpoint {root / 'list.ckpt'} holds a list, not a checkpoint dict"]
+
+
+def _summary_list(root: Path, lm_run: Path):
+    sweep = _sweep_with(root, "[1, 2]")
+    return ["compare", str(sweep)], [f"run summary {sweep / 'pre' / 'summary.json'} holds an array, not an object"]
+
+
+def _summary_deep(root: Path, lm_run: Path):
+    sweep = _sweep_with(root, '{"status": ' + _deep() + "}")
+    return ["compare", str(sweep)], [f"run summary {sweep / 'pre' / 'summary.json'} is nested too deeply to read"]
+
+
+def _summary_wrong_type(root: Path, lm_run: Path):
+    sweep = _sweep_with(root, json.dumps({"status": "finished", "final_val": [1.5]}))
+    return ["compare", str(sweep)], ["summary.json: final_val=[1.5] is a list; valid: dict"]
+
+
+def _stats_strings(root: Path, lm_run: Path):
+    np.savez(root / "stats.npz", mu=np.array(["a", "b"]), sigma=np.eye(2))
+    (root / "b").mkdir()
+    return ["fid", str(root / "stats.npz"), str(root / "b")], [f"{root / 'stats.npz'}: not a statistics file"]
+
+
+def _weights_not_a_state_dict(root: Path, lm_run: Path):
+    from PIL import Image
+
+    torch.save([torch.ones(2)], root / "inception.pth")
+    (root / "a").mkdir()
+    Image.new("RGB", (8, 8)).save(root / "a" / "0.png")
+    args = ["fid", str(root / "a"), str(root / "a"), "--weights", str(root / "inception.pth")]
+    return args, [f"{root / 'inception.pth'}: holds a list, not a state dict of tensors"]
+
+
+def _images_not_images(root: Path, lm_run: Path):
+    (root / "a").mkdir()
+    (root / "a" / "0.png").write_bytes(os.urandom(256))
+    return ["fid", str(root / "a"), str(root / "a"), "--device", "cpu"], [f"{root / 'a' / '0.png'} is not a readable"]
+
+
+WRONG_CONTENT = {
+    "checkpoint-list-evaluate": _checkpoint_list,
+    "checkpoint-list-lm-eval": _checkpoint_list_lm_eval,
+    "checkpoint-list-prune": _checkpoint_list_fit,
+    "checkpoint-odd-hyperparameters": _checkpoint_odd_hparams,
+    "summary-list": _summary_list,
+    "summary-deep": _summary_deep,
+    "summary-wrong-type": _summary_wrong_type,
+    "stats-of-strings": _stats_strings,
+    "weights-list": _weights_not_a_state_dict,
+    "png-of-random-bytes": _images_not_images,
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_CONTENT))
+def test_a_file_of_the_right_name_and_wrong_content_is_one_line(case, tmp_path: Path, lm_run: Path, capsys):
+    args, needles = WRONG_CONTENT[case](tmp_path, lm_run)
+    before = tree_hashes(tmp_path)
+    line = one_line(args, capsys)
+    for needle in needles:
+        assert needle in line, line
+    assert tree_hashes(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [({"block_out_channels": "abc"}, "block_out_channels='abc'; valid: a list of numbers, positive"),
+     ({"layers_per_block": "2"}, "layers_per_block='2'; valid: an integer, positive"),
+     ({"latent_channels": -4}, "latent_channels=-4; valid: an integer, positive"),
+     ({"down_block_types": [1]}, "down_block_types=[1]; valid: a list of strings"),
+     ({"force_upcast": "yes"}, "force_upcast='yes'; valid: true or false")],
+    ids=["channels-string", "layers-string", "negative", "block-types", "bool"],
+)  # fmt: skip
+def test_a_vae_config_of_wrong_types_is_one_line(changes, needle, tmp_path: Path, capsys):
+    """Through the latent cache's command line: refused before any image is read or anything written."""
+    from datamodules.latents.encode import main as encode
+
+    vae = _vae_dir(tmp_path, **changes)
+    before = tree_hashes(tmp_path)
+    assert encode(["--vae", str(vae), "--out", str(tmp_path / "latents"), "--image-size", "8", "--limit", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err and f"{vae / 'config.json'}" in err and needle in err, err
+    assert tree_hashes(tmp_path) == before and not (tmp_path / "latents").exists()
+
+
+def test_a_deeply_nested_vae_config_is_one_line(tmp_path: Path):
+    from models.vae import load_vae
+
+    vae = _vae_dir(tmp_path)
+    (vae / "config.json").write_text(_deep())
+    with pytest.raises(ValueError) as err:
+        load_vae(str(vae))
+    status, line = describe(err.value)
+    assert status == 2 and "is nested too deeply to read" in line and str(vae / "config.json") in line

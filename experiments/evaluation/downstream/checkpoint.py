@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from datamodules.text.tokenizers import TextTokenizer, load_tokenizer
 from experiments.reliability.errors import CheckpointError, SuiteError
+from experiments.reliability.safe_load import load_checkpoint
 from models import LanguageModel, TrunkConfig
 
 LM_CLASS = "LanguageModeling"
@@ -44,6 +43,31 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def read_lm_checkpoint(ckpt: str | Path, mmap: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint's payload and its LM hyperparameters, checked to describe an LM of the suite.
+
+    ``mmap=True`` maps the tensors instead of reading them: a cheap check of a large file before slow work.
+
+    Raises:
+        CheckpointError: missing, a directory, not a checkpoint dict, or not an LM checkpoint (one line).
+    """
+    path = Path(ckpt)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory (a sharded FSDP checkpoint?); valid: a single .ckpt file")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; valid: a .ckpt file of an LM run")
+    payload = load_checkpoint(path, mmap=mmap)  # weights_only; not a checkpoint dict: refused in one line
+    hparams = payload.get("hyper_parameters") or {}
+    task = str(hparams.get("_class_path", "?")) if isinstance(hparams, dict) else "?"
+    if task.rsplit(".", 1)[-1] != LM_CLASS or not isinstance(hparams.get("trunk"), dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {task!r} model; valid: a checkpoint of experiments.tasks.{LM_CLASS}"
+        )
+    if not isinstance(payload.get("state_dict"), dict):
+        raise CheckpointError(f"checkpoint {path} has no state_dict of tensors; valid: a checkpoint written by fit")
+    return payload, hparams
+
+
 def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> LoadedLM:
     """Rebuilds the LM of a suite checkpoint and finds its tokenizer.
 
@@ -52,28 +76,21 @@ def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> Loaded
             or its tokenizer cannot be found.
     """
     path = Path(ckpt)
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory (a sharded FSDP checkpoint?); valid: a single .ckpt file")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; valid: a .ckpt file of an LM run")
+    payload, hparams = read_lm_checkpoint(path)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the user's input
-        raise CheckpointError(f"cannot read checkpoint {path}: {_first_line(err)}") from None
-    hparams: dict[str, Any] = payload.get("hyper_parameters") or {}
-    task = str(hparams.get("_class_path", "?"))
-    if task.rsplit(".", 1)[-1] != LM_CLASS or "trunk" not in hparams:
+        trunk = TrunkConfig(**hparams["trunk"])
+        vocab_size, seq_len = int(hparams["vocab_size"]), int(hparams["seq_len"])
+        net = LanguageModel(trunk, vocab_size, max_seq_len=seq_len, tie_embeddings=bool(hparams["tie_embeddings"]))
+    except (KeyError, TypeError, ValueError) as err:  # hyperparameters edited or from another version
         raise CheckpointError(
-            f"checkpoint {path} holds a {task!r} model; valid: a checkpoint of experiments.tasks.{LM_CLASS}"
-        )
-    trunk = TrunkConfig(**hparams["trunk"])
-    net = LanguageModel(
-        trunk, int(hparams["vocab_size"]), max_seq_len=int(hparams["seq_len"]), tie_embeddings=hparams["tie_embeddings"]
-    )
-    state = {k.removeprefix("net."): v for k, v in payload.get("state_dict", {}).items() if k.startswith("net.")}
+            f"checkpoint {path}: its saved hyperparameters do not build an LM ({type(err).__name__}: "
+            f"{_first_line(err)}); valid: a checkpoint written by fit"
+        ) from None
+    weights = payload["state_dict"]
+    state = {k.removeprefix("net."): v for k, v in weights.items() if isinstance(k, str) and k.startswith("net.")}
     try:
         net.load_state_dict(state)
-    except RuntimeError as err:
+    except (RuntimeError, TypeError, AttributeError) as err:  # a non-tensor where a weight belongs
         raise CheckpointError(f"checkpoint {path} does not fit its own hyperparameters: {_first_line(err)}") from None
     tokenizer = run_tokenizer(payload.get("datamodule_hyper_parameters") or {}, path, tokenizer_dir)
     if tokenizer.vocab_size > net.vocab_size:
@@ -81,7 +98,9 @@ def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> Loaded
             f"tokenizer has {tokenizer.vocab_size} tokens but {path} was trained with vocab_size={net.vocab_size}; "
             "valid: the tokenizer the run was trained with"
         )
-    return LoadedLM(net.eval(), tokenizer, int(payload.get("global_step", 0)), trunk.norm_scheme, path)
+    step = payload.get("global_step", 0)
+    step = int(step) if isinstance(step, int | float) and not isinstance(step, bool) else 0
+    return LoadedLM(net.eval(), tokenizer, step, trunk.norm_scheme, path)
 
 
 def run_tokenizer(
@@ -110,13 +129,17 @@ def _run_tokenizer(data_hparams: dict[str, Any], ckpt: Path) -> TextTokenizer:
     """The tokenizer the run's TextDataModule used (bytes need no file; BPE is read beside the shards)."""
     from datamodules.text.datamodule import TextDataModule
 
-    if data_hparams.get("_class_path") != DATA_CLASS:
+    found = data_hparams.get("_class_path") if isinstance(data_hparams, dict) else type(data_hparams).__name__
+    if found != DATA_CLASS:
+        raise SuiteError(f"checkpoint {ckpt} records no {DATA_CLASS} (got {found!r}); valid: pass --tokenizer DIR")
+    kwargs = {k: v for k, v in data_hparams.items() if isinstance(k, str) and not k.startswith("_")}
+    try:
+        datamodule = TextDataModule(**kwargs)
+    except (TypeError, ValueError) as err:  # hyperparameters edited or from another version
         raise SuiteError(
-            f"checkpoint {ckpt} records no {DATA_CLASS} (got {data_hparams.get('_class_path')!r}); "
+            f"checkpoint {ckpt}: its saved data hyperparameters do not build a TextDataModule ({_first_line(err)}); "
             "valid: pass --tokenizer DIR"
-        )
-    kwargs = {k: v for k, v in data_hparams.items() if not k.startswith("_")}
-    datamodule = TextDataModule(**kwargs)
+        ) from None
     try:
         return datamodule.tokenizer
     except (RuntimeError, FileNotFoundError, ValueError) as err:

