@@ -277,9 +277,8 @@ def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
 
 def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
     """Per cell and metric (the sweep's, an MoE's routing statistics, then every test metric): the markdown's
-    ``mean ± CI (n)`` and
-    ``Δ`` texts, then n, mean, std, CI, and the paired difference to the baseline with its CI and both
-    p-values; plus the run counts per status."""
+    ``mean ± CI (n)`` and ``Δ`` texts, then n, mean, std, CI, and the paired difference to the baseline with
+    its CI and both p-values; plus the run counts per status."""
     axes = [a for a in AXES if any(a in c.coords for c in cells)]
     axes += list(dict.fromkeys(k for c in cells for k in c.coords if k not in axes))
     metrics = {PRIMARY: metric, **{m: m for m in routing_metrics(table) + tested_metrics(table) if m != metric}}
