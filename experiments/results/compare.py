@@ -74,7 +74,7 @@ def rows(summaries: dict[str, dict], metric: str, coordinates: dict[str, dict] |
                 "steps": s.get("steps"),
                 "train_loss": s.get("final_train_loss"),
                 "val_loss": val.get("val/loss"),
-                PRIMARY: val.get(metric),
+                PRIMARY: (s.get("test") or {}).get(metric) if metric.startswith("test/") else val.get(metric),
                 "diverged": f"yes (step {s.get('diverged_at')})" if diverged else "no" if "steps" in s else None,
                 "spikes": s.get("spikes", 0) if "steps" in s else None,
                 "wall_s": s.get("wall_time_s"),

@@ -137,9 +137,8 @@ def cells_markdown(cells: list[Cell], metric: str, baseline: str | None, table: 
     t-test and sign-flip p-values, an MoE's routing statistics and the test metrics' means, and every run
     counted by status."""
     axes = varying_axes(cells)
-    primary = cell_stats(cells, PRIMARY, baseline)
-    tests = [m for m in routing_metrics(table, markdown=True) if m != metric]
-    tests += [m for m in tested_metrics(table) if in_markdown(m)]
+    primary = cell_stats(cells, PRIMARY, baseline, metric)
+    tests = [m for m in routing_metrics(table, markdown=True) + tested_metrics(table) if in_markdown(m) and m != metric]
     test_stats = {m: cell_stats(cells, m, baseline) for m in tests}
     header = [*axes, metric]
     if baseline:
@@ -163,7 +162,7 @@ def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None) -> str:
     axes = [a for a in varying_axes(cells) if a != "scheme"]
     column_axis = next((a for a in ("lr", "overlay", "warmup") if a in axes), axes[0] if axes else None)
     row_axes = ["scheme", *[a for a in axes if a != column_axis]]
-    stats = {s.cell.key: s for s in cell_stats(cells, PRIMARY, baseline)}
+    stats = {s.cell.key: s for s in cell_stats(cells, PRIMARY, baseline, metric)}
     columns = list(dict.fromkeys(_coordinate(c, column_axis) for c in cells)) if column_axis else [metric]
     rows: dict[tuple, dict[str, CellStats]] = {}
     for cell in cells:
@@ -204,8 +203,9 @@ def run_table_columns(table: list[dict], markdown: bool, metric: str) -> list[st
     """The per-run columns: the sweep's metric unless it is ``val/loss`` (a column already), the test
     metrics (markdown: without per-task downstream scores), ``protocol`` when runs differ in it."""
     base = [c for c in RUN_COLUMNS if c != PRIMARY or metric != "val/loss"]
-    tests = [] if markdown else [m for m in routing_metrics(table) if m != metric]  # per-run routing: CSV only
+    tests = [] if markdown else routing_metrics(table)  # per-run routing: CSV only
     tests += [m for m in tested_metrics(table) if in_markdown(m) or not markdown]
+    tests = [m for m in tests if m != metric]  # a test metric the sweep is compared by has its own column
     protocol = ["protocol"] if any(r.get("protocol_id") not in (None, "same") for r in table) else []
     if markdown:
         return base + tests + protocol
@@ -288,7 +288,7 @@ def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[
     for name in metrics.values():  # the table's text first (``mean ± CI (n)``), then the numbers
         header += [name] + (["Δ " + name] if baseline else [])
         header += [f"{name} {f}" for f in fields + (paired_fields if baseline else [])]
-    stats = {key: cell_stats(cells, key, baseline) for key in metrics}
+    stats = {key: cell_stats(cells, key, baseline, name) for key, name in metrics.items()}
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(header)
