@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import TrunkConfig
-from models.layers import rope_tables
+from models.layers import Routing, rope_tables
 from models.trunk import Trunk
 
 
@@ -55,14 +55,14 @@ class LanguageModel(nn.Module):
 
     def forward(
         self, idx: Tensor, return_aux: bool = False, skip_blocks: frozenset[int] = frozenset()
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Next-token logits ``(B, N, V)`` for token ids ``(B, N)`` (and the MoE aux loss)."""
+    ) -> Tensor | tuple[Tensor, Routing]:
+        """Next-token logits ``(B, N, V)`` for token ids ``(B, N)`` (and the MoE routing: aux loss, expert loads)."""
         hidden, aux = self.forward_features(idx, skip_blocks)
         logits = self.head(hidden)
         return (logits, aux) if return_aux else logits
 
-    def forward_features(self, idx: Tensor, skip_blocks: frozenset[int] = frozenset()) -> tuple[Tensor, Tensor]:
-        """Trunk output ``(B, N, D)`` and the auxiliary loss."""
+    def forward_features(self, idx: Tensor, skip_blocks: frozenset[int] = frozenset()) -> tuple[Tensor, Routing]:
+        """Trunk output ``(B, N, D)`` and the routing (:class:`models.layers.Routing`)."""
         if idx.shape[1] > self.max_seq_len:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds max_seq_len {self.max_seq_len}")
         h = self.embed(idx) if self.embed_scale is None else self.embed(idx) * self.embed_scale  # (B, N, D)

@@ -23,7 +23,7 @@ from timm.layers import DropPath
 from torch import Tensor, nn
 
 from models.config import TrunkConfig
-from models.layers import AdaLNZero, Attention, Mlp, MoE, SwiGLU, modulate
+from models.layers import AdaLNZero, Attention, Mlp, MoE, Routing, SwiGLU, modulate
 from models.recompute import recomputed
 from models.schemes import Readout, Scheme, Site, State, get_scheme
 
@@ -89,8 +89,8 @@ class Block(nn.Module):
         cond: Tensor | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
         is_causal: bool = False,
-    ) -> tuple[State, Tensor | None]:
-        """Returns the new state and this block's auxiliary loss (MoE load balancing; None if dense)."""
+    ) -> tuple[State, Routing | None]:
+        """Returns the new state and this block's routing (MoE load-balancing loss and expert loads; None if dense)."""
         mods = self.adaLN(cond) if self.adaLN is not None else (None,) * 6
         inp, state = self._prologue(0, self.attn_res, state, mods[0], mods[1])
         out = self.attn(inp, rope=rope, is_causal=is_causal)
@@ -98,9 +98,9 @@ class Block(nn.Module):
 
         inp, state = self._prologue(1, self.mlp_res, state, mods[3], mods[4])
         out = self.mlp(inp)
-        out, aux = out if self.is_moe else (out, None)
+        out, routing = out if self.is_moe else (out, None)
         state = self.mlp_res.update(state, self._gate(out, mods[5]))
-        return state, aux
+        return state, routing
 
     def _prologue(
         self, sublayer: int, site: Scheme, state: State, shift: Tensor | None, scale: Tensor | None
@@ -197,7 +197,7 @@ class Trunk(nn.Module):
         is_causal: bool = False,
         return_aux: bool = False,
         skip_blocks: frozenset[int] = frozenset(),
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    ) -> Tensor | tuple[Tensor, Routing]:
         """Runs the blocks and the readout.
 
         Args:
@@ -205,7 +205,8 @@ class Trunk(nn.Module):
             cond: conditioning vector ``(B, D)``; required iff the trunk is conditioned.
             rope: rotary tables from :func:`models.layers.rope_tables`, or None.
             is_causal: causal attention mask (LM).
-            return_aux: also return the summed auxiliary loss (MoE load balancing).
+            return_aux: also return the auxiliary outputs, :class:`models.layers.Routing`: the load-balancing loss
+                summed over the MoE layers (0 for a dense trunk) and their expert loads stacked ``(L_moe, E)``.
             skip_blocks: block indices to skip (layer-pruning sensitivity).
         """
         if (cond is None) == self.conditioned:
@@ -229,17 +230,20 @@ class Trunk(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         is_causal: bool = False,
         skip_blocks: frozenset[int] = frozenset(),
-    ) -> tuple[State, Tensor]:
-        """The final residual state (before the readout) and the summed auxiliary loss."""
+    ) -> tuple[State, Routing]:
+        """The final residual state (before the readout) and the routing of the MoE layers that ran."""
         state = self.init_state(h)
         aux = h.new_zeros((), dtype=torch.float32)
+        loads = []
         for b, block in enumerate(self.blocks):
             if b in skip_blocks:
                 continue
             if self.cfg.activation_checkpointing and self.training:  # drop-path draws: replay the RNG
-                state, block_aux = recomputed(block, state, cond, rope, is_causal, preserve_rng_state=True)
+                state, routing = recomputed(block, state, cond, rope, is_causal, preserve_rng_state=True)
             else:
-                state, block_aux = block(state, cond, rope, is_causal)
-            if block_aux is not None:  # dense blocks add nothing to the hot path
-                aux = aux + block_aux
-        return state, aux
+                state, routing = block(state, cond, rope, is_causal)
+            if routing is not None:  # dense blocks add nothing to the hot path
+                aux = aux + routing.loss
+                loads.append(routing.load)
+        load = torch.stack(loads) if loads else h.new_zeros((0, 0), dtype=torch.float32)  # (L_moe, E)
+        return state, Routing(aux, load)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.bench.claims import claim_lines, paper_overhead
 from experiments.bench.measure import Options
 from experiments.bench.report import Row, machine_info, write_report
 from experiments.bench.run import RECOMPUTE_LABELS, RunSpec, bench_tasks
@@ -48,7 +49,7 @@ def parse_schemes(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     summary = sys.modules[__package__].__doc__.split("\n\n")[0]  # the package docstring's first paragraph
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=summary)
-    p.add_argument("--task", choices=[*TASKS, "all"], default="all")
+    p.add_argument("--task", choices=[*TASKS, "moe", "all"], default="all", help="all: lm, vit, dit (not moe)")
     p.add_argument("--size", choices=list(SIZES), default="tiny")
     p.add_argument("--schemes", default="all", help="comma list of norm schemes, or 'all'")
     p.add_argument("--steps", type=int, default=15, help="measured rounds (each steps every candidate once)")
@@ -128,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         workloads = [Workload(w.task, w.trunk, w.net, args.batch_size) for w in workloads]
     rows, notes = bench_tasks(workloads, args.size, spec, opts, header)
     header["load average after (1, 5, 15 min)"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    text = write_report(Path(args.out), rows, header, notes, compiled=args.compile)
+    claims = claim_lines(rows, paper_overhead())
+    text = write_report(Path(args.out), rows, header, notes, compiled=args.compile, claims=claims)
     print(text)
     print(f"wrote {Path(args.out) / 'bench.md'} and {Path(args.out) / 'bench.csv'}")
     return rows

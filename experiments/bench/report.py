@@ -211,8 +211,15 @@ def _table(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
     return [f"| {' | '.join(row)} |" for row in (head, align, *body)]
 
 
-def markdown(rows: Sequence[Row], header: dict[str, str], notes: Sequence[str], compiled: bool = False) -> str:
-    """The report: header, one table per (task, size, group), notes, and the targets met or missed."""
+def markdown(
+    rows: Sequence[Row],
+    header: dict[str, str],
+    notes: Sequence[str],
+    compiled: bool = False,
+    claims: Sequence[str] = (),
+) -> str:
+    """The report: header, one table per (task, size, group), notes, the targets met or missed, and ``claims``
+    (lines putting the paper's overhead next to the rows, :mod:`experiments.bench.claims`)."""
     lines = ["# Training-step benchmark", ""]
     lines += [f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in header.items()]
     cuda = any(not math.isnan(r.peak_mb) for r in rows)
@@ -254,6 +261,8 @@ def markdown(rows: Sequence[Row], header: dict[str, str], notes: Sequence[str], 
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     if goals := targets(rows, compiled):
         lines += ["", "## Targets", ""] + [g.line() for g in goals]
+    if claims:
+        lines += ["", "## The paper's overhead claim", ""] + list(claims)
     return "\n".join(lines) + "\n"
 
 
@@ -265,11 +274,16 @@ def _groups(rows: Sequence[Row]) -> dict[tuple[str, str, str], list[Row]]:
 
 
 def write_report(
-    out: Path, rows: Sequence[Row], header: dict[str, str], notes: Sequence[str], compiled: bool = False
+    out: Path,
+    rows: Sequence[Row],
+    header: dict[str, str],
+    notes: Sequence[str],
+    compiled: bool = False,
+    claims: Sequence[str] = (),
 ) -> str:
     """Writes ``bench.md`` and ``bench.csv`` into ``out``; returns the markdown."""
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(rows, header, notes, compiled)
+    text = markdown(rows, header, notes, compiled, claims)
     (out / "bench.md").write_text(text)
     with open(out / "bench.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -16,6 +16,9 @@ shows them whatever ``log_every_n_steps`` is), under these stable tags:
                                       the attention gain g of siamese_hybrid): how much each stream contributes
     diag/alpha/<norm>                 DyT norms (``norm_layer: dyt``): the learned alpha of a readout norm, and
     diag/alpha/<norm>/sublayer_<s>    of a residual site's norm (affine or not: adaLN's DyT learns alpha too)
+    diag/moe/<stat>/block_<b>         MoE trunks: block b's router on that step's batch: ``entropy`` (expert-usage
+                                      entropy / ln E), ``load_max`` / ``load_min`` (busiest / idlest expert's
+                                      share x E), ``load_ratio`` (their counts' ratio); see models.layers.moe
 
 Streams (:func:`stream_dict`): ``x`` for one stream (Pre-, Post-, Peri-Norm, DeepNorm, Mix-LN, HybridNorm,
 LayerNorm Scaling, the reordered norm), ``post``/``pre`` (SiameseNorm), ``post``/``delta`` (ResiDual),
@@ -35,6 +38,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from models.layers import Routing, expert_usage
 from models.norms import DyT
 from models.schemes import State
 from models.trunk import Trunk
@@ -109,7 +113,8 @@ class Diagnostics(Callback):
 
     Forward hooks on the trunk's blocks exist only while a logging step's forward runs (attached in
     ``on_train_batch_start``, removed before backward, so activation-checkpoint recomputation is not
-    counted); with ``residual_rms`` and ``max_activation`` off no hook is ever registered.
+    counted); with ``residual_rms``, ``max_activation`` and (on an MoE trunk) ``routing`` off no hook is ever
+    registered.
 
     Args:
         every_n_steps: log every n optimizer steps (step 0 included).
@@ -117,6 +122,7 @@ class Diagnostics(Callback):
         grad_norms: ``diag/grad_norm/block_<b>`` and ``diag/grad_norm/global`` (before clipping).
         norm_scales: ``diag/scale/...``: fusion-norm and per-sublayer branch-input norm scales.
         max_activation: ``diag/max_abs/block_<b>`` and ``diag/max_abs_activation``.
+        routing: ``diag/moe/<stat>/block_<b>`` of each MoE block (dense trunks log nothing here).
     """
 
     def __init__(
@@ -126,12 +132,13 @@ class Diagnostics(Callback):
         grad_norms: bool = True,
         norm_scales: bool = True,
         max_activation: bool = True,
+        routing: bool = True,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.residual_rms, self.grad_norms = residual_rms, grad_norms
-        self.norm_scales, self.max_activation = norm_scales, max_activation
+        self.norm_scales, self.max_activation, self.routing = norm_scales, max_activation, routing
         self.last: dict[str, float] = {}  # the most recently logged values (for tests and notebooks)
         self._handles: list[RemovableHandle] = []
         self._pending: dict[str, Tensor] = {}
@@ -142,7 +149,7 @@ class Diagnostics(Callback):
     def attach(self, trunk: Trunk) -> None:
         """Registers one forward hook per block that records its output state's statistics."""
         self.detach()
-        if not (self.residual_rms or self.max_activation):
+        if not (self.residual_rms or self.max_activation or (self.routing and trunk.cfg.moe_experts)):
             return
         for b, block in enumerate(trunk.blocks):
             self._handles.append(block.register_forward_hook(self._block_hook(b)))
@@ -154,8 +161,11 @@ class Diagnostics(Callback):
         self._handles.clear()
 
     def _block_hook(self, b: int):
-        def hook(module: nn.Module, args: tuple, output: tuple[State, Tensor]) -> None:
-            streams = stream_dict(output[0])  # Block.forward returns (state, aux)
+        def hook(module: nn.Module, args: tuple, output: tuple[State, Routing | None]) -> None:
+            streams = stream_dict(output[0])  # Block.forward returns (state, routing)
+            if self.routing and output[1] is not None:
+                for name, value in expert_usage(output[1].load)._asdict().items():
+                    self._pending[f"diag/moe/{name}/block_{b}"] = value
             if self.residual_rms:
                 for name, t in streams.items():
                     self._pending[f"diag/rms/{name}/block_{b}"] = rms(t)

@@ -149,6 +149,8 @@ class RunSummary(Callback):
             return
         detector = next((c for c in trainer.callbacks if isinstance(c, DivergenceDetector)), None)
         final_val = self.val_curve[-1][1] if self.val_curve else {}
+        # How an MoE routes (experts, top-k, capacity and what it drops), when the task has one
+        routing = getattr(pl_module, "routing_record", None)
         atomic_write_json(
             path,
             {
@@ -167,6 +169,7 @@ class RunSummary(Callback):
                 "spikes": detector.spikes if detector else 0,
                 "train_curve": self.train_curve,
                 "val_curve": self.val_curve,
+                **({"moe": routing} if isinstance(routing, dict) else {}),
             },
         )
 

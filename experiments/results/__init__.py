@@ -5,6 +5,7 @@
                    tests (stats.py) -> tables (tables.py) and plots (plots.py, profiles.py; palette.py colours)
     tb_layout.py   the TensorBoard custom-scalars layout of a sweep
     export.py      a comparison copied into the repository; readme.py regenerates README's result blocks
+    paper.py       README's table of the paper's claims next to this suite's measurements (docs/results/paper.yaml)
 
 Belongs here: anything that reads several runs at once and never starts one. Running grids is
 :mod:`experiments.sweeps`.

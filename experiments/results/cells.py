@@ -137,14 +137,17 @@ class CellStats:
     mixed_protocols: bool = False
 
 
-def cell_stats(cells: list[Cell], key: str = PRIMARY, baseline: str | None = None) -> list[CellStats]:
+def cell_stats(
+    cells: list[Cell], key: str = PRIMARY, baseline: str | None = None, metric: str | None = None
+) -> list[CellStats]:
     """Mean, interval and paired comparison of ``key`` for every cell.
 
-    A test metric (``test/...``) is averaged only over runs measured under one test protocol, and paired
-    only with a baseline measured under the same one.
+    A test metric (``test/...``; ``metric`` names what ``key`` holds when it is ``PRIMARY``, the sweep's own
+    metric) is averaged only over runs measured under one test protocol, and paired only with a baseline
+    measured under the same one.
     """
     out = []
-    is_test = key.startswith("test/")
+    is_test = (metric or key).startswith("test/")
     for cell in cells:
         mixed = is_test and len(cell.protocols()) > 1
         values = {} if mixed else cell.values(key)

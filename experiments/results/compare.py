@@ -55,7 +55,8 @@ def status_of(summary: dict, baseline: float | None) -> str:
 
 def rows(summaries: dict[str, dict], metric: str, coordinates: dict[str, dict] | None = None) -> list[dict]:
     """One row per run: its grid coordinates (``coordinates``, default: from the summaries), status,
-    losses, the sweep's ``metric`` (key ``metric``), test metrics and test protocol."""
+    losses, the sweep's ``metric`` (key ``metric``), an MoE's routing statistics (``val/moe_*``), test
+    metrics and test protocol."""
     coordinates = coordinates or run_coordinates({}, summaries)
     table, baseline = [], sweep_baseline(summaries)
     for name, s in summaries.items():
@@ -73,12 +74,13 @@ def rows(summaries: dict[str, dict], metric: str, coordinates: dict[str, dict] |
                 "steps": s.get("steps"),
                 "train_loss": s.get("final_train_loss"),
                 "val_loss": val.get("val/loss"),
-                PRIMARY: val.get(metric),
+                PRIMARY: (s.get("test") or {}).get(metric) if metric.startswith("test/") else val.get(metric),
                 "diverged": f"yes (step {s.get('diverged_at')})" if diverged else "no" if "steps" in s else None,
                 "spikes": s.get("spikes", 0) if "steps" in s else None,
                 "wall_s": s.get("wall_time_s"),
                 "params": s.get("params"),
                 "protocol": s.get("test_protocol") if isinstance(s.get("test_protocol"), dict) else None,
+                **{k: v for k, v in val.items() if k.startswith(tables.ROUTING_PREFIX)},  # MoE: the router at the end
                 **{k: v for k, v in (s.get("test") or {}).items() if k.startswith("test/")},
             }
         )

@@ -183,7 +183,7 @@ def plot_stability(cells: list[Cell], path: Path, metric: str) -> bool:
     rows = list(dict.fromkeys(label.values()))
     colours = {"ok": "#9bd69b", "spikes": "#f5d76e", "stalled": "#f4a261", "diverged": "#e06666", "crashed": "#999999"}
     fig, ax = plt.subplots(figsize=(2.2 + 2.1 * len(lrs), 0.9 + 0.62 * len(rows)))
-    for stats in cell_stats(cells, PRIMARY):
+    for stats in cell_stats(cells, PRIMARY, metric=metric):
         i, j = rows.index(label[stats.cell.key]), lrs.index(stats.cell.coords["lr"])
         text = fmt_estimate(stats.value) if stats.value else (f"stalled\n{fmt_estimate(stats.stalled)}"
                                                               if stats.stalled else "-")  # fmt: skip
@@ -219,7 +219,7 @@ def plot_metric_vs_lr(cells: list[Cell], path: Path, metric: str) -> bool:
     if len(lrs) < 2:
         return False
     axes_names = [a for a in varying_axes(cells) if a != "lr"]
-    stats = cell_stats(cells, PRIMARY)
+    stats = cell_stats(cells, PRIMARY, metric=metric)
     done = [v for s in stats for v in s.cell.values().values()] + [v for s in stats for v in s.cell.values(
         PRIMARY, "stalled").values()]  # fmt: skip
     lo, hi = (min(done), max(done)) if done else (0.0, 1.0)

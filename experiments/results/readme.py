@@ -10,7 +10,9 @@ show of it:
 Kinds: ``table`` (one row per cell: ``mean ± 95 % CI (n)``, the paired difference to the baseline with its
 p-values, runs by status, then the notes), ``pivot`` (schemes x the other swept axis, same numbers),
 ``runs`` (one row per run), ``notes`` (what the numbers mean, test protocols), ``figures`` (the exported
-PNGs). Paths are relative to the README. The text between the markers is replaced by what the code that
+PNGs), and ``paper``, whose path is the paper file (``docs/results/paper.yaml``): the paper's claims next
+to this suite's measurements of them, read from the exports it names (:mod:`experiments.results.paper`).
+Paths are relative to the README. The text between the markers is replaced by what the code that
 prints ``comparison.md`` prints, so README and the printed tables cannot drift; ``--check`` only reports
 (exit 1) where they differ, which is what the test suite runs.
 """
@@ -23,11 +25,12 @@ import sys
 from pathlib import Path
 
 from experiments.reliability.errors import SuiteError
+from experiments.results import paper
 from experiments.results.compare import load_comparison
 from experiments.results.runs import SWEEP_RECORD
 
 BLOCK = re.compile(r"<!-- results:(?P<path>[^:\s>]+):(?P<kind>[a-z]+) -->\n(?P<body>.*?)<!-- /results -->", re.S)
-KINDS = ("table", "pivot", "runs", "notes", "figures")
+KINDS = ("table", "pivot", "runs", "notes", "figures", "paper")
 
 
 def render_block(root: Path, path: str, kind: str, where: str) -> str:
@@ -35,6 +38,10 @@ def render_block(root: Path, path: str, kind: str, where: str) -> str:
     export_dir = root / path
     if kind not in KINDS:
         raise SuiteError(f"results block kind {kind!r} ({where}); valid: {', '.join(KINDS)}")
+    if kind == "paper":
+        if not export_dir.is_file():
+            raise SuiteError(f"{path} does not exist ({where}); valid: the paper file, e.g. docs/results/paper.yaml")
+        return paper.render(root, path)
     if not (export_dir / SWEEP_RECORD).is_file():
         raise SuiteError(f"{path} has no {SWEEP_RECORD} ({where}); valid: a directory written by "
                          f"python -m experiments compare SWEEP_DIR --export {path}")  # fmt: skip

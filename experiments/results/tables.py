@@ -22,6 +22,11 @@ RUN_COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss
                "wall_s", "params"]  # fmt: skip
 CSV_COORDINATES = ["overlay", "warmup", "seed"]  # the per-run CSV adds the grid coordinates after the scheme
 DOWNSTREAM = "test/downstream/"
+# An MoE LM's router on the validation set at the end (experiments.tasks.lm): every one goes to the CSVs,
+# the markdown tables show ROUTING_SHOWN next to the metric, so a reader sees whether a scheme changes routing.
+ROUTING_PREFIX = "val/moe_"
+ROUTING = ("val/moe_aux", "val/moe_entropy", "val/moe_load_max", "val/moe_load_min", "val/moe_load_ratio")
+ROUTING_SHOWN = ("val/moe_aux", "val/moe_entropy", "val/moe_load_ratio")
 
 
 def in_markdown(metric: str) -> bool:
@@ -33,6 +38,13 @@ def in_markdown(metric: str) -> bool:
 def tested_metrics(table: list[dict]) -> list[str]:
     """Every ``test/...`` metric some run has, in first-seen order."""
     return list(dict.fromkeys(k for r in table for k in r if k.startswith("test/")))
+
+
+def routing_metrics(table: list[dict], markdown: bool = False) -> list[str]:
+    """The MoE routing statistics (``val/moe_*``) some run has, in ``ROUTING`` order (markdown: ``ROUTING_SHOWN``)."""
+    found = {k for r in table for k in r if k.startswith(ROUTING_PREFIX)}
+    order = ROUTING_SHOWN if markdown else ROUTING + tuple(sorted(found - set(ROUTING)))
+    return [m for m in order if m in found]
 
 
 ##################################################################################
@@ -122,10 +134,11 @@ def _row(values: list[str]) -> str:
 
 def cells_markdown(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
     """One row per cell: ``metric`` as ``mean ± CI (n)``, the paired difference to ``baseline`` with its
-    t-test and sign-flip p-values, the test metrics' means, and every run counted by status."""
+    t-test and sign-flip p-values, an MoE's routing statistics and the test metrics' means, and every run
+    counted by status."""
     axes = varying_axes(cells)
-    primary = cell_stats(cells, PRIMARY, baseline)
-    tests = [m for m in tested_metrics(table) if in_markdown(m)]
+    primary = cell_stats(cells, PRIMARY, baseline, metric)
+    tests = [m for m in routing_metrics(table, markdown=True) + tested_metrics(table) if in_markdown(m) and m != metric]
     test_stats = {m: cell_stats(cells, m, baseline) for m in tests}
     header = [*axes, metric]
     if baseline:
@@ -149,7 +162,7 @@ def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None) -> str:
     axes = [a for a in varying_axes(cells) if a != "scheme"]
     column_axis = next((a for a in ("lr", "overlay", "warmup") if a in axes), axes[0] if axes else None)
     row_axes = ["scheme", *[a for a in axes if a != column_axis]]
-    stats = {s.cell.key: s for s in cell_stats(cells, PRIMARY, baseline)}
+    stats = {s.cell.key: s for s in cell_stats(cells, PRIMARY, baseline, metric)}
     columns = list(dict.fromkeys(_coordinate(c, column_axis) for c in cells)) if column_axis else [metric]
     rows: dict[tuple, dict[str, CellStats]] = {}
     for cell in cells:
@@ -190,7 +203,9 @@ def run_table_columns(table: list[dict], markdown: bool, metric: str) -> list[st
     """The per-run columns: the sweep's metric unless it is ``val/loss`` (a column already), the test
     metrics (markdown: without per-task downstream scores), ``protocol`` when runs differ in it."""
     base = [c for c in RUN_COLUMNS if c != PRIMARY or metric != "val/loss"]
-    tests = [m for m in tested_metrics(table) if in_markdown(m) or not markdown]
+    tests = [] if markdown else routing_metrics(table)  # per-run routing: CSV only
+    tests += [m for m in tested_metrics(table) if in_markdown(m) or not markdown]
+    tests = [m for m in tests if m != metric]  # a test metric the sweep is compared by has its own column
     protocol = ["protocol"] if any(r.get("protocol_id") not in (None, "same") for r in table) else []
     if markdown:
         return base + tests + protocol
@@ -223,6 +238,12 @@ def notes(cells: list[Cell], baseline_loss: float | None, protocol_notes: list[s
             out.append(f"Δ = scheme - {baseline}, paired by seed over seeds where both finished; two-sided p-values "
                        "of the paired t-test and of the exact sign-flip permutation test, whose smallest possible "
                        f"value with n = {n_max} pairs is {sign_flip_floor(n_max):.2g}.")  # fmt: skip
+    if any(k.startswith(ROUTING_PREFIX) for c in cells for r in c.runs for k in r):
+        out.append("MoE routing at the last validation (means over its batches): `val/moe_aux` = load-balancing "
+                   "loss summed over the MoE layers (1 per layer for a uniform router), `val/moe_entropy` = "
+                   "expert-usage entropy / ln E (1 = every expert equally used), `val/moe_load_ratio` = busiest / "
+                   "idlest expert's token count, mean over layers (load max / min per expert: comparison_cells.csv). "
+                   "The router is dropless: no token is dropped.")  # fmt: skip
     if baseline_loss is not None:
         line = STALL_RATIO * baseline_loss
         out.append(f"Context-free baseline loss of the data: {baseline_loss:.4f}. stalled = finished with val_loss "
@@ -255,19 +276,19 @@ def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
 
 
 def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
-    """Per cell and metric (the sweep's, then every test metric): the markdown's ``mean ± CI (n)`` and
-    ``Δ`` texts, then n, mean, std, CI, and the paired difference to the baseline with its CI and both
-    p-values; plus the run counts per status."""
+    """Per cell and metric (the sweep's, an MoE's routing statistics, then every test metric): the markdown's
+    ``mean ± CI (n)`` and ``Δ`` texts, then n, mean, std, CI, and the paired difference to the baseline with
+    its CI and both p-values; plus the run counts per status."""
     axes = [a for a in AXES if any(a in c.coords for c in cells)]
     axes += list(dict.fromkeys(k for c in cells for k in c.coords if k not in axes))
-    metrics = {PRIMARY: metric, **{m: m for m in tested_metrics(table)}}
+    metrics = {PRIMARY: metric, **{m: m for m in routing_metrics(table) + tested_metrics(table) if m != metric}}
     fields = ["n", "mean", "std", "ci_low", "ci_high"]
     paired_fields = ["diff_n", "diff_mean", "diff_ci_low", "diff_ci_high", "p_paired_t", "p_sign_flip"]
     header = [*axes, *STATUS_ORDER]
     for name in metrics.values():  # the table's text first (``mean ± CI (n)``), then the numbers
         header += [name] + (["Δ " + name] if baseline else [])
         header += [f"{name} {f}" for f in fields + (paired_fields if baseline else [])]
-    stats = {key: cell_stats(cells, key, baseline) for key in metrics}
+    stats = {key: cell_stats(cells, key, baseline, name) for key, name in metrics.items()}
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(header)

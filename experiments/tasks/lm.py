@@ -1,4 +1,18 @@
-"""Causal language modeling: cross-entropy, perplexity, MoE auxiliary loss, text generation."""
+"""Causal language modeling: cross-entropy, perplexity, MoE auxiliary loss and routing statistics, text generation.
+
+An MoE trunk logs what its router did, from the same forward (no extra pass), under ``<split>/moe_*``:
+
+    moe_aux         the load-balancing loss, summed over the MoE layers (1 per layer for a uniform router)
+    moe_entropy     expert-usage entropy over ln E, mean over layers (1 = every expert equally used)
+    moe_load_max    the busiest expert's share of assignments x E, mean over layers (1 = balanced)
+    moe_load_min    the idlest expert's share x E, mean over layers (0 = some expert got no token)
+    moe_load_ratio  busiest / idlest expert's assignment count (an idle expert counts as one), mean over layers
+
+``train/`` every step; ``val/`` and ``test/`` as means over the split's batches, so the last validation's
+values reach ``summary.json`` (``final_val``) and the sweep's comparison. The router is dropless (no expert
+capacity): no token is dropped, and ``summary.json`` says so under ``moe`` rather than logging a zero.
+Per-layer values: :class:`experiments.monitoring.diagnostics.Diagnostics` (``diag/moe/...``).
+"""
 
 # Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
 # ``Annotated`` bounds while parsing only then.
@@ -18,7 +32,10 @@ from experiments.reliability.checkpointing import stop_requested
 from experiments.tasks.base import TaskModule
 from experiments.tasks.optim import OptimConfig
 from models import LanguageModel, TrunkConfig
+from models.layers import Routing, expert_usage
 from models.loaders.suite_export import load_suite_export
+
+ROUTING_STATS = ("moe_aux", "moe_entropy", "moe_load_max", "moe_load_min", "moe_load_ratio")
 
 
 class LanguageModeling(TaskModule):
@@ -62,6 +79,9 @@ class LanguageModeling(TaskModule):
         self.net = LanguageModel(trunk, vocab_size, max_seq_len=seq_len, tie_embeddings=tie_embeddings)
         self.moe_aux_weight = moe_aux_weight if trunk.moe_experts else 0.0
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
+        # MoE routing statistics of val / test, averaged over the split's batches (synced under DDP)
+        names = ROUTING_STATS if trunk.moe_experts else ()
+        self.routing = torch.nn.ModuleDict({f"{s}_{n}": MeanMetric() for s in ("val", "test") for n in names})
         self.ppl = torch.nn.ModuleDict({s: Perplexity() for s in ("val", "test")})
         self.downstream = downstream
 
@@ -70,23 +90,51 @@ class LanguageModeling(TaskModule):
         if stage == "fit" and self.hparams.init_from is not None:
             load_suite_export(self.net, self.hparams.init_from)
 
+    @property
+    def routing_record(self) -> dict | None:
+        """How the MoE routes (``summary.json``'s ``moe``): experts, top-k, capacity; None for a dense trunk."""
+        trunk = self.trunk_cfg
+        if not trunk.moe_experts:
+            return None
+        return {
+            "experts": trunk.moe_experts,
+            "top_k": trunk.moe_top_k,
+            "expert_hidden": trunk.moe_hidden or trunk.hidden,
+            "aux_weight": self.moe_aux_weight,
+            "capacity": None,
+            "dropped_tokens": "none: the router is dropless (no expert capacity); every token reaches its k experts",
+        }
+
     def forward(self, idx: Tensor) -> Tensor:
         return self.net(idx)
 
     def model_step(self, batch: Tensor, split: str) -> Tensor:
         inputs, targets = batch[:, :-1], batch[:, 1:]  # (B, N) each
-        logits, aux = self.net(inputs, return_aux=True)  # (B, N, V)
+        logits, routing = self.net(inputs, return_aux=True)  # (B, N, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        if self.trunk_cfg.moe_experts:
+            self.log_routing(split, routing, targets.numel())
         if split == "train":
             self.log("train/loss", loss, prog_bar=True)
-            if self.moe_aux_weight:
-                self.log("train/moe_aux", aux)
-            return loss + self.moe_aux_weight * aux
+            return loss + self.moe_aux_weight * routing.loss
         self.losses[split].update(loss, weight=targets.numel())
         self.ppl[split].update(logits.float(), targets)
         self.log(f"{split}/loss", self.losses[split], prog_bar=True)
         self.log(f"{split}/ppl", self.ppl[split], prog_bar=split == "val")
         return loss
+
+    def log_routing(self, split: str, routing: Routing, tokens: int) -> None:
+        """``<split>/moe_*`` from this step's routing: per step in training, batch means in val / test."""
+        usage = expert_usage(routing.load)  # per layer, (L,)
+        values = {"moe_aux": routing.loss.detach()}
+        values.update({name: getattr(usage, name.removeprefix("moe_")).mean() for name in ROUTING_STATS[1:]})
+        for name, value in values.items():
+            if split == "train":
+                self.log(f"train/{name}", value)
+            else:
+                metric = self.routing[f"{split}_{name}"]
+                metric.update(value, weight=tokens)
+                self.log(f"{split}/{name}", metric)
 
     def on_test_epoch_end(self) -> None:
         if self.downstream is not None:

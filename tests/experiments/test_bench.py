@@ -18,7 +18,7 @@ from torch import nn
 from experiments import bench
 from experiments.bench import COLUMNS, SIZES, Candidate, Options, make_batch, reference, saved_tensor_bytes, step_flops
 from models import TrunkConfig
-from models.layers import rope_tables
+from models.layers import MoE, rope_tables
 from models.presets import PRESETS
 from models.trunk import Trunk
 
@@ -370,3 +370,54 @@ def test_scaling_target_is_met_when_the_overhead_shrinks():
 
     goals = bench.scaling_targets([row(128, 1.20, 1.07), row(1024, 1.05, 1.08)])
     assert [(t.met, round(t.value, 3)) for t in goals] == [(True, 0.25), (False, 1.143)]
+
+
+#################################################################################
+#                     The MoE LM and the paper's overhead claim                 #
+#################################################################################
+
+
+def test_moe_bench_measures_schemes_and_prints_the_papers_claim_beside_them(tmp_path: Path):
+    argv = ["--task", "moe", "--size", "micro", "--schemes", "pre,siamese", "--steps", "1", "--warmup", "0"]
+    rows = bench.main(argv + ["--out", str(tmp_path)])
+    assert [(r.group, r.name, r.unit) for r in rows] == [
+        ("schemes", "pre", "tokens/s"),
+        ("schemes", "siamese", "tokens/s"),
+    ]
+    pre, siamese = rows
+    w = SIZES["micro"]["moe"]
+    model = bench.build_ours(w, "pre")
+    assert all(isinstance(block.mlp, MoE) and block.mlp.num_experts == 4 for block in model.trunk.blocks)
+    assert pre.params == sum(p.numel() for p in model.parameters()) and siamese.param_ratio > 1.0
+    text = (tmp_path / "bench.md").read_text()
+    assert "moe/micro reference skipped: no reference MoE LM here" in text
+    throughput = 100 * (1 / siamese.step_ratio - 1)
+    line = next(ln for ln in text.splitlines() if ln.startswith("- moe/micro siamese vs pre:"))
+    assert f"throughput {throughput:+.2f} % (paper: -0.50 %)" in line
+    assert f"activation memory {100 * (siamese.act_ratio - 1):+.2f} % (paper: +2.00 %)" in line
+    assert f"parameters {100 * (siamese.param_ratio - 1):+.2f} % (paper: < 0.1 %)" in line
+
+
+def test_moe_loss_is_cross_entropy_plus_the_weighted_load_balancing_loss():
+    w = SIZES["micro"]["moe"]
+    torch.manual_seed(0)
+    model = bench.build_ours(w, "siamese")
+    batch = make_batch(w, torch.device("cpu"))
+    logits, routing = model(batch[0][:, :-1], return_aux=True)
+    ce = F.cross_entropy(logits.reshape(-1, 256), batch[0][:, 1:].reshape(-1))
+    assert bench.moe_loss(model, batch).item() == pytest.approx((ce + 0.01 * routing.loss).item(), rel=1e-6)
+    assert routing.loss.item() > 0.9 * w.trunk["depth"]  # about 1 per layer: the term is there, not zero
+
+
+def test_claim_lines_put_the_papers_overhead_next_to_each_siamese_row():
+    overhead = {"setting": "15B MoE on GPUs", "throughput": -0.005, "activation_memory": 0.02, "parameters": 0.001}
+    row = siamese_row(act_mb=21.0, alive_mb=21.0, step_ratio=1.25)  # act_ratio 21 / 20 = 1.05
+    assert bench.claim_lines([row], overhead) == [
+        "- lm/small siamese vs pre: throughput -20.00 % (paper: -0.50 %), activation memory +5.00 % "
+        "(paper: +2.00 %), parameters +0.00 % (paper: < 0.1 %)",
+        "- the paper measured a 15B MoE on GPUs; the lines above, this bench's model on this device and load",
+    ]
+    assert bench.claim_lines([row], None) == []
+    assert bench.paper_overhead() == {
+        "setting": "15B MoE on GPUs", "parameters": 0.001, "throughput": -0.005, "activation_memory": 0.02
+    }  # fmt: skip

@@ -254,7 +254,9 @@ def test_runs_show_in_hparams_only_what_the_grid_varies(name: str, columns: list
     assert f"--hparams_columns=[{','.join(columns)}]" in sweep.grid(spec)[0].argv(spec)
 
 
-BUDGETS = {"stability": (36, 120), "warmup": (6, 300), "ablation": (21, 150), "depth": (24, 150)}  # runs, steps
+BUDGETS = {  # runs, steps
+    "stability": (36, 120), "warmup": (6, 300), "ablation": (21, 150), "depth": (24, 150), "moe": (18, 120)
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))

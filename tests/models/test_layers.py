@@ -10,7 +10,18 @@ import torch
 from torch import nn
 
 from models.embeddings import sincos_2d, timestep_frequencies
-from models.layers import AdaLNZero, Attention, Mlp, MoE, SwiGLU, apply_rope, load_balancing_loss, modulate, rope_tables
+from models.layers import (
+    AdaLNZero,
+    Attention,
+    Mlp,
+    MoE,
+    SwiGLU,
+    apply_rope,
+    expert_usage,
+    load_balancing_loss,
+    modulate,
+    rope_tables,
+)
 from models.norms import DyT, DyTInit, build_norm, get_norm_layer
 from tests.models import reference as ref
 
@@ -255,10 +266,10 @@ def test_moe_matches_loop_over_experts(normalize_topk):
     with torch.no_grad():
         moe.router.weight.normal_()  # a decisive router: no near-ties in the top-k
     x = torch.randn(B, N, D, dtype=torch.float64)
-    out, aux = moe(x)
+    out, routing = moe(x)
     assert out.shape == x.shape
     torch.testing.assert_close(out, moe_reference(moe, x), atol=1e-6, rtol=1e-6)  # router runs in float32
-    assert torch.isfinite(aux)
+    assert torch.isfinite(routing.loss)
 
 
 @pytest.mark.parametrize("normalize_topk", [False, True])
@@ -294,8 +305,8 @@ def test_load_balancing_loss_is_one_for_a_uniform_router():
     moe = MoE(D, MOE_HIDDEN, E, K)
     with torch.no_grad():
         moe.router.weight.zero_()
-    _, aux = moe(torch.randn(B, N, D))
-    torch.testing.assert_close(aux, torch.tensor(1.0), atol=1e-6, rtol=0)
+    _, routing = moe(torch.randn(B, N, D))
+    torch.testing.assert_close(routing.loss, torch.tensor(1.0), atol=1e-6, rtol=0)
 
 
 def test_load_balancing_loss_grows_for_a_skewed_router():
@@ -305,8 +316,8 @@ def test_load_balancing_loss_grows_for_a_skewed_router():
         moe.router.weight.zero_()
         moe.router.weight[0] = 5 * x.reshape(-1, D).mean(0)  # expert 0 wins for most tokens
         moe.router.weight[1] = 2.5 * x.reshape(-1, D).mean(0)
-    _, aux = moe(x)
-    assert torch.isfinite(aux) and aux > 1.5
+    _, routing = moe(x)
+    assert torch.isfinite(routing.loss) and routing.loss > 1.5
 
 
 def test_moe_top_k_out_of_range_raises():
@@ -374,3 +385,57 @@ def test_timestep_frequencies(freq_shift):
     lowest = 1 / max_period if freq_shift else max_period ** (-(half - 1) / half)  # diffusers ends on 1/max_period
     torch.testing.assert_close(out[:, half - 1], torch.cos(t * lowest), atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(out[:, 0], torch.cos(t))  # the first frequency is 1
+
+
+#################################################################################
+#                       Routing: what the router did, as tensors                #
+#################################################################################
+
+# Each token's (first, second) expert, set through the router below; E = 6 experts, top-2.
+CHOICES = [(0, 1), (0, 2), (0, 1), (3, 0), (1, 0), (2, 3), (0, 4),
+           (1, 2), (0, 3), (3, 1), (0, 1), (2, 0), (1, 3), (0, 2)]  # fmt: skip
+# Assignments per expert, counted by hand from CHOICES: 0 appears 10 times, 1 seven, 2 five, 3 five, 4 once, 5 never.
+HAND_LOAD = [10, 7, 5, 5, 1, 0]
+
+
+def routed_moe() -> tuple[MoE, torch.Tensor]:
+    """An MoE whose router logits are the first E coordinates of each token: token t picks CHOICES[t]."""
+    moe = MoE(D, MOE_HIDDEN, E, K)
+    x = torch.zeros(len(CHOICES), D)
+    for t, (first, second) in enumerate(CHOICES):
+        x[t, first], x[t, second] = 5.0, 3.0
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[:, :E] = torch.eye(E)  # logits = x[:, :E]
+    return moe, x.reshape(2, 7, D)
+
+
+def test_moe_routing_counts_the_assignments_the_router_chose():
+    moe, x = routed_moe()
+    _, routing = moe(x)
+    assert routing.load.dtype == torch.float32 and routing.load.tolist() == HAND_LOAD
+    # Switch loss E * sum_e f_e P_e, with P_e the mean softmax probability of expert e over the 14 tokens
+    probs = torch.softmax(x.reshape(-1, D)[:, :E].double(), -1).mean(0)
+    expected = E * sum(HAND_LOAD[e] / 28 * probs[e] for e in range(E))
+    torch.testing.assert_close(routing.loss.double(), expected, rtol=1e-6, atol=0)
+
+
+def test_expert_usage_of_hand_counted_loads():
+    moe, x = routed_moe()
+    usage = expert_usage(moe(x)[1].load)
+    shares = [c / 28 for c in HAND_LOAD]
+    entropy = -sum(f * math.log(f) for f in shares if f > 0) / math.log(6)  # 0 ln 0 = 0 for the idle expert 5
+    assert usage.entropy.item() == pytest.approx(entropy, rel=1e-6)
+    assert usage.load_max.item() == pytest.approx(6 * 10 / 28, rel=1e-6)  # expert 0 over the uniform share
+    assert usage.load_min.item() == 0.0  # expert 5 got no token
+    assert usage.load_ratio.item() == pytest.approx(10.0)  # 10 over the idle expert, counted as one assignment
+
+
+def test_expert_usage_per_layer_of_stacked_loads():
+    load = torch.tensor([[4.0, 4.0, 4.0, 4.0], [8.0, 4.0, 2.0, 2.0], [16.0, 0.0, 0.0, 0.0]])  # (L, E)
+    usage = expert_usage(load)
+    middle = -(0.5 * math.log(0.5) + 0.25 * math.log(0.25) + 2 * 0.125 * math.log(0.125)) / math.log(4)
+    torch.testing.assert_close(usage.entropy.double(), torch.tensor([1.0, middle, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(usage.load_max, torch.tensor([1.0, 2.0, 4.0]))
+    torch.testing.assert_close(usage.load_min, torch.tensor([1.0, 0.5, 0.0]))
+    torch.testing.assert_close(usage.load_ratio, torch.tensor([1.0, 4.0, 16.0]))

@@ -47,8 +47,8 @@ def legitimately_zero_at_init(name: str, scheme: str) -> bool:
 def backward_random_loss(trunk: Trunk, conditioned: bool) -> None:
     h = torch.randn(2, 5, D, dtype=torch.float64)
     cond = torch.randn(2, D, dtype=torch.float64) if conditioned else None
-    out, aux = trunk(h, cond=cond, return_aux=True)
-    ((out * torch.randn_like(out)).sum() + aux).backward()
+    out, routing = trunk(h, cond=cond, return_aux=True)
+    ((out * torch.randn_like(out)).sum() + routing.loss).backward()
 
 
 #################################################################################
@@ -126,6 +126,31 @@ def test_activation_checkpointing_gives_identical_outputs_and_grads(scheme, cond
     assert g0.keys() == g1.keys()
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["checkpointed", "compiled"])
+def test_moe_routing_comes_out_of_the_trunk_per_layer_unchanged_by_checkpointing_and_compile(mode):
+    """The trunk stacks each MoE layer's expert loads (L, E) and sums the load-balancing losses; activation
+    checkpointing (blocks recomputed in backward) and torch.compile return the same routing as eager."""
+    torch.manual_seed(3)
+    trunk = Trunk(trunk_cfg("siamese", moe_experts=4, moe_top_k=2, mlp="swiglu")).train()
+    h = torch.randn(2, 5, D)
+    _, eager = trunk(h, return_aux=True)
+    assert eager.load.shape == (3, 4) and eager.load.sum(-1).tolist() == [2 * 5 * 2] * 3  # T * k per layer
+    assert eager.loss.dtype == torch.float32 and eager.loss >= 0.99 * 3  # Switch loss >= ~1 per layer
+    if mode == "checkpointed":
+        trunk.cfg.activation_checkpointing = True
+        out, other = trunk(h.requires_grad_(), return_aux=True)
+        (out.sum() + other.loss).backward()  # the recomputation returns the routing again: it must not differ
+    else:
+        other = torch.compile(trunk, backend="aot_eager")(h, return_aux=True)[1]
+    torch.testing.assert_close(other.load, eager.load, rtol=0, atol=0)
+    torch.testing.assert_close(other.loss, eager.loss)
+
+
+def test_dense_trunk_routing_is_empty():
+    _, routing = Trunk(trunk_cfg("pre"))(torch.randn(2, 5, D), return_aux=True)
+    assert routing.loss.item() == 0.0 and routing.load.shape == (0, 0)
 
 
 def test_drop_path_rates_grow_linearly():

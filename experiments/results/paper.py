@@ -1,0 +1,283 @@
+"""README's table "Paper numbers next to this suite's": each of the paper's claims with its value, this suite's
+measurement of the same claim with its uncertainty, the command that produced it, and a computed verdict.
+
+    <!-- results:docs/results/paper.yaml:paper -->     a README block, filled by ``python -m experiments readme``
+    <!-- /results -->
+
+The claims, the paper's values and where each is measured here are data (``docs/results/paper.yaml``, strings
+and numbers, documented at its top); the measurements are read from the exports it names, so the table
+changes when an export does and ``readme --check`` sees it. Verdicts, per compared cell:
+
+    holds                 the paired difference (scheme - versus, seed by seed) has the paper's sign and the
+                          paired t-test's p < alpha
+    does not              the opposite sign with p < alpha
+    inconclusive (n = k)  otherwise (one pair: a difference, no test)
+    not comparable        a side has no finished run, or they were tested under different protocols
+    not measured yet      the export does not exist: the command column says what produces it
+
+``fail`` rows hold when every run of the named cells failed (diverged or stalled); ``params`` rows when
+SiameseNorm adds less than the paper's share of parameters to each preset; ``bench`` rows when the exported
+benchmark's change is within the paper's.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from experiments.reliability.errors import SuiteError
+from experiments.results.cells import OK, PRIMARY, Cell, varying_axes
+from experiments.results.compare import Comparison, load_comparison
+from experiments.results.runs import SWEEP_RECORD
+from experiments.results.stats import PairedComparison, estimate, paired
+from experiments.results.tables import fmt_estimate, fmt_p
+
+KINDS = ("compare", "fail", "params", "measure")  # how a row is measured (see the paper file's header)
+FAILED = ("diverged", "stalled")
+BENCH_MEASURES = ("throughput", "activation_memory")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One measured line of a row: what it compared, its numbers, and the verdict."""
+
+    label: str
+    text: str
+    verdict: str
+
+
+##################################################################################
+#                               The paper file                                   #
+##################################################################################
+
+
+def load_paper(path: Path) -> dict:
+    """The paper file, checked: ``alpha``, ``overhead`` and ``rows`` each with a claim, the paper's value, a
+    command and one way of measuring it."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        first = str(err).splitlines()[0]
+        raise SuiteError(f"{path}: cannot be read as YAML ({first}); valid: the paper file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise SuiteError(f"{path}: holds no `rows` list; valid: a mapping with alpha, overhead and rows")
+    for i, row in enumerate(data["rows"]):
+        problem = _row_problem(row)
+        if problem:
+            claim = row.get("claim") if isinstance(row, dict) else None
+            raise SuiteError(f"{path} row {i + 1}" + (f" ({claim})" if claim else "") + f": {problem}")
+    return data
+
+
+def _row_problem(row) -> str | None:
+    """What is wrong with one row of the paper file (None: nothing)."""
+    if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("claim", "paper", "command")):
+        return "needs the strings claim, paper and command"
+    kinds = [k for k in KINDS if k in row]
+    if len(kinds) != 1:
+        return f"has {kinds or 'none'} of {', '.join(KINDS)}; valid: exactly one"
+    kind = kinds[0]
+    if kind in ("compare", "fail"):
+        entries = row[kind]
+        if not isinstance(row.get("export"), str):
+            return f"`{kind}` needs `export`, the directory of an exported comparison"
+        if (
+            not isinstance(entries, list)
+            or not entries
+            or not all(isinstance(e, dict) and "scheme" in e for e in entries)
+        ):
+            return f"`{kind}` must list cells, each a mapping with a scheme"
+    if kind == "compare" and row.get("better") not in ("lower", "higher"):
+        return f"better={row.get('better')!r}; valid: lower, higher"
+    if kind == "measure" and (row["measure"] not in BENCH_MEASURES or not isinstance(row.get("bench"), str)):
+        return f"`measure` needs `bench` (an exported bench.csv) and one of {', '.join(BENCH_MEASURES)}"
+    return None
+
+
+##################################################################################
+#                         Measurements from sweep exports                        #
+##################################################################################
+
+
+def _label(coords: dict) -> str:
+    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in coords.items())
+
+
+def _matching(cells: list[Cell], want: dict) -> list[Cell]:
+    def same(a, b) -> bool:
+        if isinstance(a, int | float) and isinstance(b, int | float):
+            return math.isclose(a, b, rel_tol=1e-9)
+        return a == b
+
+    return [c for c in cells if all(same(c.coords.get(k), v) for k, v in want.items())]
+
+
+def verdict(versus: PairedComparison | None, better: str, alpha: float) -> str:
+    """The verdict of one paired comparison (scheme - versus) against the paper's direction ``better``."""
+    if versus is None:
+        return "not comparable"
+    d, p = versus.difference, versus.p_t
+    if versus.n < 2 or p is None or p >= alpha:
+        return f"inconclusive (n = {versus.n})"
+    expected = d.mean < 0 if better == "lower" else d.mean > 0
+    return "holds" if expected else "does not"
+
+
+def _compare_line(comparison: Comparison, entry: dict, key: str, better: str, alpha: float) -> list[Line]:
+    entry = dict(entry)
+    versus_scheme = entry.pop("versus", None) or comparison.baseline
+    cells = _matching(comparison.cells, entry)
+    if not cells:
+        return [Line(_label(entry), f"{_label(entry)}: no such cell in the export", "not comparable")]
+    axes = [a for a in varying_axes(comparison.cells) if a != "scheme"]  # what tells the cells apart
+    lines = []
+    for cell in cells:
+        where = _label({a: cell.coords[a] for a in axes if cell.coords.get(a) is not None})
+        label = ", ".join(x for x in (f"{cell.scheme} vs {versus_scheme}", where) if x)  # names the verdict's line
+        ref = next(iter(_matching(comparison.cells, {**dict(cell.key), "scheme": versus_scheme})), None)
+        if ref is None:
+            lines.append(Line(label, f"{cell.scheme}: no {versus_scheme} cell to pair with", "not comparable"))
+            continue
+        values, base = cell.values(key), ref.values(key)
+        head = (f"{where}: " if where else "") + f"{cell.scheme} {fmt_estimate(estimate(list(values.values())))}"
+        head += f" vs {ref.scheme} {fmt_estimate(estimate(list(base.values())))}"
+        if key.startswith("test/") and cell.protocols() != ref.protocols():
+            lines.append(Line(label, head + " (different test protocols)", "not comparable"))
+            continue
+        if not values or not base:
+            failed = cell if not values else ref
+            counts = ", ".join(f"{n} {s}" for s, n in failed.counts().items() if s != OK)
+            lines.append(Line(label, f"{head} ({failed.scheme}: {counts})", "not comparable"))
+            continue
+        result = paired(values, base)
+        if result is None:
+            lines.append(Line(label, f"{head} (no seed in common)", "not comparable"))
+            continue
+        diff = fmt_estimate(result.difference, signed=True)
+        p = fmt_p(result.p_t)
+        tail = f"; Δ {diff}" + ("" if result.p_t is None else f", p {p}" if p.startswith("<") else f", p = {p}")
+        lines.append(Line(label, head + tail, verdict(result, better, alpha)))
+    return lines
+
+
+def _fail_lines(comparison: Comparison, row: dict) -> list[Line]:
+    lines, failed_all, total_all = [], 0, 0
+    axes = [a for a in varying_axes(comparison.cells) if a != "scheme"]
+    for entry in row["fail"]:
+        for cell in _matching(comparison.cells, entry):
+            counts = cell.counts()
+            failed, total = sum(counts.get(s, 0) for s in FAILED), sum(counts.values())
+            failed_all, total_all = failed_all + failed, total_all + total
+            how = ", ".join(f"{counts[s]} {s}" for s in FAILED if counts.get(s)) or "none"
+            where = _label({a: cell.coords[a] for a in axes if cell.coords.get(a) is not None})
+            name = ", ".join(x for x in (cell.scheme, where) if x)
+            lines.append(Line(name, f"{name}: {failed} of {total} runs failed ({how})", ""))
+    if not total_all:
+        return [Line("", "no such cells in the export", "not comparable")]
+    stalled_only = all("diverged" not in line.text for line in lines)
+    if failed_all == total_all:
+        word = "holds" + (" (they stall, none diverges)" if stalled_only else "")
+    else:
+        word = "does not" if failed_all == 0 else f"partly ({failed_all} of {total_all} runs failed)"
+    return [Line(line.label, line.text, word) for line in lines]
+
+
+##################################################################################
+#                          Parameters and the benchmark                          #
+##################################################################################
+
+
+def _param_lines(row: dict, limit: float) -> list[Line]:
+    from models.presets import build_preset, count_params
+
+    lines = []
+    for name in row["params"]:
+        pre, siamese = count_params(build_preset(name, "pre")), count_params(build_preset(name, "siamese"))
+        extra = siamese / pre - 1
+        lines.append(Line(name, f"{name}: +{100 * extra:.3f} % ({siamese - pre:,} of {pre:,})",
+                          "holds" if extra < limit else "does not"))  # fmt: skip
+    return lines
+
+
+def _bench_lines(root: Path, row: dict, overhead: dict) -> list[Line] | None:
+    path = root / row["bench"]
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("group") == "schemes" and r.get("baseline") == "pre"]
+    measure, lines = row["measure"], []
+    for r in rows:
+        if not r["name"].startswith("siamese"):
+            continue
+        where = f"{r['task']}/{r['size']} {r['name']} vs pre"
+        if measure == "throughput":
+            change, limit = 1 / float(r["step_ratio"]) - 1, overhead["throughput"]
+            ok = change >= limit
+        else:
+            change, limit = float(r["act_ratio"]) - 1, overhead["activation_memory"]
+            ok = change <= limit
+        lines.append(Line(r["name"], f"{where}: {100 * change:+.1f} %", "holds" if ok else "does not"))
+    return lines or [Line("", f"{row['bench']} has no siamese row against pre", "not comparable")]
+
+
+##################################################################################
+#                                   The table                                    #
+##################################################################################
+
+
+def measure_row(root: Path, row: dict, paper: dict) -> list[Line] | None:
+    """The measured lines of one row, or None when its export (or bench file) does not exist yet."""
+    if "params" in row:
+        return _param_lines(row, paper["overhead"]["parameters"])
+    if "measure" in row:
+        return _bench_lines(root, row, paper["overhead"])
+    export = root / row["export"]
+    if not (export / SWEEP_RECORD).is_file():
+        return None
+    comparison = load_comparison(export)
+    if "fail" in row:
+        return _fail_lines(comparison, row)
+    metric = row.get("metric", comparison.metric)
+    # a run row keeps every test metric under its name (so its protocol is checked); other metrics: the sweep's
+    key = metric if metric.startswith("test/") or metric != comparison.metric else PRIMARY
+    lines = []
+    for entry in row["compare"]:
+        lines += _compare_line(comparison, entry, key, row["better"], float(paper.get("alpha", 0.05)))
+    return [Line(ln.label, f"`{metric}`, {ln.text}" if i == 0 else ln.text, ln.verdict) for i, ln in enumerate(lines)]
+
+
+def _verdicts(lines: list[Line]) -> str:
+    words = [ln.verdict for ln in lines]
+    if len(set(words)) == 1:
+        return words[0]
+    return "<br>".join(f"{ln.label}: {ln.verdict}" if ln.label else ln.verdict for ln in lines)
+
+
+def render(root: Path, path: str) -> str:
+    """The markdown table of the paper file at ``root / path`` (ends with a newline)."""
+    paper = load_paper(root / path)
+    out = [
+        "| claim | paper | this suite: mean ± 95 % CI (n), Δ paired by seed | command | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for row in paper["rows"]:
+        lines = measure_row(root, row, paper)
+        measured = "not measured yet" if lines is None else "<br>".join(ln.text for ln in lines)
+        if row.get("here"):  # the setting this suite measures the claim in
+            measured = f"*{row['here']}*<br>{measured}"
+        judged = "not measured yet" if lines is None else _verdicts(lines)
+        out.append(f"| {row['claim']} | {row['paper']} | {measured} | `{row['command']}` | {judged} |")
+    alpha = float(paper.get("alpha", 0.05))
+    out += [
+        "",
+        f"Verdicts are computed from the exports ({path}): **holds** = the paired difference has the paper's sign "
+        f"and the paired t-test's p < {alpha:g}; **does not** = the opposite sign with p < {alpha:g}; "
+        "**inconclusive** = neither (with 3 seeds only a consistent, large gap clears it); overhead rows compare "
+        "the measured change with the paper's. An export is written by `python -m experiments compare "
+        "runs/<task>/<name> --export docs/results/<name>` after the command's sweep.",
+    ]
+    return "\n".join(out) + "\n"
