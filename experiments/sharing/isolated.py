@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -52,7 +53,9 @@ def reload_exports(
         ReloadFailed: the interpreter failed (its last error line is in the message).
     """
     scratch.mkdir(parents=True, exist_ok=True)
-    job = {"format": kind, "items": []}
+    # The same intra-op thread count as here: a float reduction split another way can move a decoded pixel by
+    # one level, and the check compares decoded images exactly.
+    job = {"format": kind, "items": [], "threads": torch.get_num_threads()}
     for i, (folder, inputs, request) in enumerate(items):
         io = scratch / f"item{i}"
         io.mkdir(exist_ok=True)

@@ -2,10 +2,10 @@
 
 Run as ``python -I reload.py JOB.json`` from a scratch directory (:mod:`experiments.sharing.isolated` does),
 so ``sys.path`` holds the installed packages and nothing of the suite; this file therefore imports nothing
-from the suite. ``JOB.json``: ``{"format": "hf" | "timm" | "diffusers", "items": [{"folder", "io"}, ...]}``;
-each item's ``io`` directory holds ``inputs.safetensors`` and ``request.json`` and receives
-``outputs.safetensors`` (what the loaded model computed) and ``result.json`` (load time, classes, and
-whether the suite was importable: it must not be)::
+from the suite. ``JOB.json``: ``{"format": "hf" | "timm" | "diffusers", "items": [{"folder", "io"}, ...],
+"threads": N}`` (N: the caller's torch thread count); each item's ``io`` directory holds
+``inputs.safetensors`` and ``request.json`` and receives ``outputs.safetensors`` (what the loaded model
+computed) and ``result.json`` (load time, classes, and whether the suite was importable: it must not be)::
 
     hf         AutoModelForCausalLM / AutoTokenizer.from_pretrained   -> logits, greedy generate, token ids
     timm       import <code>; timm.create_model("local-dir:...")      -> logits, resolve_data_config +
@@ -83,6 +83,7 @@ CHECKS = {"hf": check_hf, "timm": check_timm, "diffusers": check_diffusers}
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
+    torch.set_num_threads(int(job["threads"]))  # the exporting process's: floats reduce the same way
     suite_importable = any(importlib.util.find_spec(name) is not None for name in ("models", "experiments"))
     for item in job["items"]:
         folder, io = Path(item["folder"]), Path(item["io"])
