@@ -182,11 +182,11 @@ class SuiteCLI(LightningCLI):
         run_dir = self._run_dir
         if run_dir is not None:
             if self.subcommand is not None:  # run=False (analysis, tests) only parses and builds
-                if rank_zero_only.rank == 0:  # before anything is written; the other DDP ranks are the same run
-                    acquire_run_lock(run_dir)
                 last = self.subcommand != "fit" and str(config.get("ckpt_path")) == "last"
                 if last and newest_readable(run_dir / "checkpoints") is None:  # the error, before anything is written
                     resolve_checkpoint("last", run_dir / "checkpoints", stage=self.subcommand)
+                if rank_zero_only.rank == 0:  # before the run is written; the other DDP ranks are the same run
+                    acquire_run_lock(run_dir)
                 if self.subcommand == "fit":
                     claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
                 ensure_writable(run_dir)

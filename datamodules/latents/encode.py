@@ -132,7 +132,10 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line (no usage block) with exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(USAGE_ERROR, f"error: {message} (command line); valid: see {self.prog} --help\n")
+        head, says_valid, valid = message.partition("; valid: ")
+        if not says_valid:
+            valid = f"see {self.prog} --help"
+        self.exit(USAGE_ERROR, f"error: {head} (command line); valid: {valid}\n")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -191,7 +191,11 @@ def test_refuses_a_directory_that_is_not_a_latent_cache(vae_dir, tmp_path, capsy
         assert "is not a latent cache" in one_error_line(capsys)
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
     (tmp_path / "file").write_text("")
-    assert encode(vae_dir, tmp_path / "file") == 2 and "is a file" in one_error_line(capsys)
+    with pytest.raises(SystemExit) as exit_info:  # found while parsing the options, before the VAE loads
+        encode(vae_dir, tmp_path / "file")
+    assert exit_info.value.code == 2
+    line = one_error_line(capsys)
+    assert f"--out {tmp_path / 'file'} is a file, not a directory (command line); valid: a directory path\n" in line
 
 
 def test_sigterm_keeps_the_encoded_part_and_the_rerun_resumes(vae_dir, tmp_path, cache32, monkeypatch, capsys):
