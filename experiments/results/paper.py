@@ -17,7 +17,8 @@ changes when an export does and ``readme --check`` sees it. Verdicts, per compar
 
 ``fail`` rows hold when every run of the named cells failed (diverged or stalled); ``params`` rows when
 SiameseNorm adds less than the paper's share of parameters to each preset; ``bench`` rows when the exported
-benchmark's change is within the paper's.
+benchmark's change is within the paper's (a step time is inconclusive while its interquartile range overlaps
+Pre-Norm's: timing noise, unlike the activation bytes, depends on the machine's load).
 """
 
 from __future__ import annotations
@@ -203,6 +204,15 @@ def _param_lines(row: dict, limit: float) -> list[Line]:
     return lines
 
 
+def _quartiles_overlap(a: dict, b: dict) -> bool:
+    """Whether two bench rows' step-time interquartile ranges overlap (or a row has none)."""
+    try:
+        lo_a, hi_a, lo_b, hi_b = (float(r[k]) for r in (a, b) for k in ("step_ms_p25", "step_ms_p75"))
+    except (KeyError, TypeError, ValueError):
+        return True
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
 def _bench_lines(root: Path, row: dict, overhead: dict) -> list[Line] | None:
     path = root / row["bench"]
     if not path.is_file():
@@ -210,17 +220,20 @@ def _bench_lines(root: Path, row: dict, overhead: dict) -> list[Line] | None:
     with path.open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("group") == "schemes" and r.get("baseline") == "pre"]
     measure, lines = row["measure"], []
+    pre = next((r for r in rows if r["name"] == "pre"), None)
     for r in rows:
         if not r["name"].startswith("siamese"):
             continue
         where = f"{r['task']}/{r['size']} {r['name']} vs pre"
         if measure == "throughput":
             change, limit = 1 / float(r["step_ratio"]) - 1, overhead["throughput"]
-            ok = change >= limit
+            word = "holds" if change >= limit else "does not"
+            if pre is None or _quartiles_overlap(r, pre):  # step times are noisy; activation bytes are not
+                word = "inconclusive (step-time quartiles overlap)"
         else:
             change, limit = float(r["act_ratio"]) - 1, overhead["activation_memory"]
-            ok = change <= limit
-        lines.append(Line(r["name"], f"{where}: {100 * change:+.1f} %", "holds" if ok else "does not"))
+            word = "holds" if change <= limit else "does not"
+        lines.append(Line(r["name"], f"{where}: {100 * change:+.1f} %", word))
     return lines or [Line("", f"{row['bench']} has no siamese row against pre", "not comparable")]
 
 
@@ -277,7 +290,8 @@ def render(root: Path, path: str) -> str:
         f"Verdicts are computed from the exports ({path}): **holds** = the paired difference has the paper's sign "
         f"and the paired t-test's p < {alpha:g}; **does not** = the opposite sign with p < {alpha:g}; "
         "**inconclusive** = neither (with 3 seeds only a consistent, large gap clears it); overhead rows compare "
-        "the measured change with the paper's. An export is written by `python -m experiments compare "
+        "the measured change with the paper's, a step time only where its interquartile range and Pre-Norm's do not "
+        "overlap. An export is written by `python -m experiments compare "
         "runs/<task>/<name> --export docs/results/<name>` after the command's sweep.",
     ]
     return "\n".join(out) + "\n"
