@@ -378,3 +378,17 @@ def test_cli_module_entry_point(converted: fid_weights.FidWeights, tmp_path: Pat
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.count("\n") == 1 and "nope.npz" in bad.stderr
+
+
+def test_a_covariance_is_judged_by_its_lowest_eigenvalue_against_its_largest():
+    """diag(3, 1, -0.5): the lowest eigenvalue (-0.5) is refused, named with the largest |eigenvalue| (3); -I
+    alone would not tell the lowest from the highest. A rounding-sized negative (-1e-5 < 1e-4 x 3) passes."""
+    from experiments.evaluation.fid.stats import check_covariance
+
+    with pytest.raises(
+        ValueError, match=r"^s\.npz: sigma has the negative eigenvalue -0\.5 \(largest \|eigenvalue\| 3\)"
+    ):
+        check_covariance(np.diag([3.0, 1.0, -0.5]), "s.npz")
+    check_covariance(np.diag([3.0, 1.0, -1e-5]), "s.npz")  # within 1e-4 of the largest: float rounding
+    with pytest.raises(ValueError, match="negative eigenvalue -0.001"):
+        check_covariance(np.diag([3.0, 1.0, -1e-3]), "s.npz")  # beyond it
