@@ -14,6 +14,7 @@ from timm.utils import ModelEmaV3
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from experiments.evaluation.fid.metric import FID_FEATURE_DIMS
 from experiments.tasks.base import TaskModule
 from experiments.tasks.diffusion import (
     check_sampling_settings,
@@ -59,6 +60,9 @@ class LatentDiffusion(TaskModule):
             statistics .npz; null makes it required (the FID-50K configs).
         fid_real_images: real images of the "held-out" reference.
         fid_weights: explicit InceptionV3 weights; None resolves them (``experiments.evaluation.fid.weights``).
+        fid_feature: the InceptionV3 tap the metrics use: 2048 (pool3) is the published FID; 64, 192 and 768
+            are cheaper taps for quick looks whose numbers compare only with runs of the same tap (the protocol
+            records it; IS needs 2048).
         fid_batch_size: samples per generation batch (= per resumable chunk).
         fid_feature_batch_size: images per InceptionV3 pass (bounds memory: about 20 MB per image on CPU).
         sample_seed: sample i draws its noise from ``sample_seed * 2**32 + i``.
@@ -92,6 +96,7 @@ class LatentDiffusion(TaskModule):
         fid_reference: str | None = HELD_OUT,
         fid_real_images: int = 50000,
         fid_weights: str | None = None,
+        fid_feature: int = 2048,
         fid_batch_size: int = 250,
         fid_feature_batch_size: int = 50,
         sample_seed: int = 0,
@@ -107,6 +112,10 @@ class LatentDiffusion(TaskModule):
                                  ("fid_feature_batch_size", fid_feature_batch_size, 1)]:  # fmt: skip
             if value < low:
                 raise ValueError(f"model.init_args.{name}={value}; valid: >= {low}")
+        if fid_feature not in FID_FEATURE_DIMS:
+            raise ValueError(
+                f"model.init_args.fid_feature={fid_feature}; valid: one of {', '.join(map(str, FID_FEATURE_DIMS))}"
+            )
         self.save_hyperparameters()
         self.net = DiT(trunk, latent_size, patch_size, latent_channels, num_classes, class_dropout_prob, learn_sigma)
         self.ema = ModelEmaV3(self.net, decay=ema_decay, use_warmup=ema_warmup)

