@@ -66,11 +66,18 @@ def build_on_meta(config, dataset: dict) -> torch.nn.Module:
 @pytest.mark.parametrize("path", SPECS)
 def test_every_run_of_every_shipped_spec_builds_on_the_meta_device(path: str, parser, monkeypatch):
     monkeypatch.chdir(ROOT)
+    seeded = ("--run_name=", "--seed_everything=", "--data.init_args.seed=")  # what only a seed changes
     for spec in load_specs(path):
+        checked: dict[tuple[str, ...], int] = {}  # a run's argv without its seed -> the parameters it builds
         for run in grid(spec):
             argv = run.argv(spec, extra=run_extra_args(spec, run))[4:]
-            config = parser.parse_args(argv)  # every key of every config, overlay and argument, as `fit` reads them
             est = estimate(spec, run)
+            network = tuple(a for a in argv if not a.startswith(seeded))
+            if network in checked:  # another seed of a run parsed and built below: the same network
+                assert est.params == checked[network], f"{path} {run.name(spec)}: a seed changed the network"
+                continue
+            config = parser.parse_args(argv)  # every key of every config, overlay and argument, as `fit` reads them
+            checked[network] = est.params
             assert est.params == params_on_meta(config, spec.dataset, active=est.task == "lm"), (
                 f"{path} {run.name(spec)}: the estimate resolved another network"
             )
