@@ -136,10 +136,8 @@ def test_inception_score_only_with_a_real_classifier(converted, tmp_path: Path) 
     images = smooth_images(12, 32, seed=6)
     without = build_feature_extractor(converted.state_dict_path)
     assert without.is_unavailable is not None and "no classifier" in without.is_unavailable
-    scores = score_generation(
-        features_of(without, images), features_of(without, images).stats(), None,
-        is_unavailable=without.is_unavailable,
-    )  # fmt: skip
+    plain = features_of(without, images)
+    scores = score_generation(plain, plain.stats(), None, is_unavailable=without.is_unavailable)
     assert "is_mean" not in scores.values and "no classifier" in scores.unavailable["is"]
 
     # The same network with a finite classifier (random here: this checks the mechanism, not the value).
