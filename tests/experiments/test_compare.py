@@ -334,13 +334,16 @@ def test_every_scheme_has_its_own_colour_in_every_plot():
 
 @pytest.mark.slow
 def test_a_real_seeded_sweep_produces_the_cells_table(tmp_path: Path, monkeypatch, capsys):
-    """Two schemes x two seeds through the real sweep runner and ``fit``: the table pairs them by seed."""
+    """Two schemes x two seeds through the real sweep runner and ``fit``: the table pairs them by seed. The runs
+    are real fits in this process (tests/experiments/test_sweep.py proves the child-process side)."""
     from experiments.sweeps import sweep
+    from tests.experiments.in_process import call_in_process
     from tests.experiments.tiny import tiny_lm
 
     monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sweep.Children, "call", call_in_process)
     spec = {"name": "seeded", "configs": [str(ROOT / "configs/lm/tiny.yaml")], "schemes": ["pre", "siamese"],
-            "seeds": [1, 2], "baseline": "pre", "parallel": 2, "runs_root": str(tmp_path / "runs"),
+            "seeds": [1, 2], "baseline": "pre", "parallel": 1, "runs_root": str(tmp_path / "runs"),
             "args": [*tiny_lm(), f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=80",
                      "--trainer.val_check_interval=80", "--model.init_args.optim.lr=0.01",
                      "--divergence.max_loss=50"]}  # fmt: skip  # 80 steps: below the stall line

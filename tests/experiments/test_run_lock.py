@@ -85,11 +85,13 @@ def test_a_second_command_into_a_run_in_use_stops_and_a_crash_leaves_nothing_stu
     try:
         wait_for(lambda: holder_pid(run_dir) == holder.pid, 300, "the holder's lock", holder)
         wait_for(lambda: (run_dir / "checkpoints" / "last.ckpt").is_file(), 300, "a checkpoint", holder)
-        # A second fit, as a user would start it: refused at once, naming the directory and the holder.
-        second = subprocess.run([sys.executable, "-m", "experiments", *lm("fit", runs, corpus)], cwd=ROOT, env=ENV,
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
-        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
-        last = second.stderr.strip().splitlines()[-1]
+        # A second fit through the entry point (this process is another process than the holder's): refused at
+        # once, naming the directory and the holder.
+        with pytest.raises(SystemExit) as second:
+            main(lm("fit", runs, corpus))
+        err = capsys.readouterr().err
+        assert second.value.code == 2 and "Traceback" not in err, err[-3000:]
+        last = err.strip().splitlines()[-1]
         assert last.startswith(f"error: run directory {run_dir} is in use by fit (pid {holder.pid} on "), last
         assert "valid: wait for it to end or stop it, or write elsewhere with --run_name NEW" in last
         # A test into the same run would write config.test.yaml and summary.json beside the running fit: refused too.
