@@ -134,7 +134,8 @@ def test_precision_recall_and_kid_on_identical_and_separated_sets() -> None:
 
 def test_inception_score_only_with_a_real_classifier(converted, tmp_path: Path) -> None:  # noqa: F811
     images = smooth_images(12, 32, seed=6)
-    without = build_feature_extractor(converted.state_dict_path)
+    # The conversion has no classifier at any tap; the 64-d one spares a 2048-d FID here.
+    without = build_feature_extractor(converted.state_dict_path, 64)
     assert without.is_unavailable is not None and "no classifier" in without.is_unavailable
     plain = features_of(without, images)
     scores = score_generation(plain, plain.stats(), None, is_unavailable=without.is_unavailable)
@@ -240,8 +241,22 @@ def test_kid_equals_the_unbiased_mmd_by_hand() -> None:
     assert size == 12 and expected > 0.05
     assert mean == pytest.approx(expected, rel=1e-5) and std < 1e-6 * expected
     assert kid(real, fake[:7])[2] == kid(real[:7], fake)[2] == 7  # subsets as large as the smaller side
-    many = torch.randn(1001, 2, generator=gen)
-    assert kid(many, many + 1.0)[2] == 1000  # and never above 1000 (Binkowski et al.)
+
+
+def test_kid_subsets_are_never_above_1000(monkeypatch) -> None:
+    """Binkowski et al.'s subset size caps at 1000 (what torch-fidelity is asked for, without its 100 subsets)."""
+    import torch_fidelity.metric_kid
+
+    asked = {}
+
+    def spy(fake, real, **kwargs):
+        asked.update(kwargs)
+        return {torch_fidelity.metric_kid.KEY_METRIC_KID_MEAN: 0.0, torch_fidelity.metric_kid.KEY_METRIC_KID_STD: 0.0}
+
+    monkeypatch.setattr(torch_fidelity.metric_kid, "kid_features_to_metric", spy)
+    many = torch.randn(1001, 2)
+    assert kid(many, many + 1.0)[2] == 1000 and asked["kid_subset_size"] == 1000
+    assert kid(many[:999], many)[2] == 999 and asked["kid_subset_size"] == 999
 
 
 def one_hot_logits(n: int, classes: int, peak: float) -> torch.Tensor:

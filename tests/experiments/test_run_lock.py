@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from experiments.__main__ import main
+from experiments.reliability.checkpointing import resolve_checkpoint
 from experiments.reliability.errors import OutputDirError
 from experiments.reliability.run_lock import acquire_run_lock, lock_path, record_holder, release_run_locks
 from experiments.reliability.safe_load import load_checkpoint
@@ -103,7 +104,9 @@ def test_a_second_command_into_a_run_in_use_stops_and_a_crash_leaves_nothing_stu
     finally:
         holder.send_signal(signal.SIGKILL)  # a crash: no handler runs, no cleanup
         holder.wait(timeout=60)
-    step = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"]
+    # The checkpoint --ckpt_path last resumes from: the newest readable one (the kill may land between a
+    # periodic checkpoint and last.ckpt, so last.ckpt need not be the newest).
+    step = load_checkpoint(resolve_checkpoint("last", run_dir / "checkpoints"))["global_step"]
     main(lm("fit", runs, corpus, "--ckpt_path=last", f"--trainer.max_steps={step + 2}",
             "--trainer.val_check_interval=1", "--trainer.limit_val_batches=1"))  # fmt: skip
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == step + 2

@@ -153,8 +153,12 @@ def test_status_of_a_sweep_that_never_ran_is_one_line(tmp_path: Path, monkeypatc
 
 @pytest.mark.slow
 def test_a_sweep_whose_every_run_crashed_exits_non_zero(tmp_path: Path, monkeypatch, capsys):
-    """A real run that fails at once (3 heads do not divide width 32): the sweep says so and exits 1."""
+    """A real run that fails at once (3 heads do not divide width 32): the sweep says so and exits 1. The run's
+    command runs in this process (its exit status as a process's; test_sweep.py runs real child processes)."""
+    from tests.experiments.in_process import call_in_process
+
     monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sweep.Children, "call", call_in_process)
     path = write_spec(tmp_path, args=["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=3"])
     with pytest.raises(SystemExit) as exc:
         suite_main(["sweep", str(path)])

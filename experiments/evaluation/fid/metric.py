@@ -15,15 +15,17 @@ Weights files are read with ``weights_only=True`` (:mod:`experiments.evaluation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics.image.fid import FrechetInceptionDistance
 
 from experiments.evaluation.fid.features import InceptionFeatures, has_classifier, load_inception_state_dict
 from experiments.evaluation.fid.weights import FidBackend, resolve_fid_weights
+
+if TYPE_CHECKING:  # torchmetrics takes seconds to import; only build_fid_metric needs it
+    from torchmetrics.image.fid import FrechetInceptionDistance
 
 FID_FEATURE_DIMS = (64, 192, 768, 2048)  # the InceptionV3 taps torch-fidelity exposes
 
@@ -145,6 +147,8 @@ def build_fid_metric(
     Returns:
         The metric and the backend name; log its value under ``metric_name(backend)``.
     """
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
     extractor = build_feature_extractor(weights_path, feature, checkpoint_dir=checkpoint_dir)
     module = extractor.module
     if isinstance(module, InceptionFeatures) and module.logits:
