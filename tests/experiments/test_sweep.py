@@ -198,7 +198,7 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
         "configs": [str(ROOT / "configs/lm/tiny.yaml")],
         "schemes": ["pre"],
         "lrs": [1e-3, 2e-3],
-        "args": [*TINY, f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=40",
+        "args": [*TINY, f"--data.init_args.data_dir={tmp_path / 'data'}", "--trainer.max_steps=16",
                  "--trainer.val_check_interval=5", "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=1",
                  "--summary.log_every_n_steps=1",
                  "--trainer.callbacks+=tests.experiments.pacing.HoldForSignal",
@@ -223,7 +223,7 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
         proc.kill()
     assert proc.returncode == 143, out
     stopped = json.loads((first / "summary.json").read_text())
-    assert stopped["status"] == "interrupted" and 5 <= stopped["steps"] < 40
+    assert stopped["status"] == "interrupted" and 5 <= stopped["steps"] < 16
     assert f"[1/2] pre-lr0.001: interrupted at step {stopped['steps']}" in out, out
     assert (first / "checkpoints" / "interrupted.ckpt").exists()
     assert not second.exists() and "[2/2]" not in out  # nothing new started after the signal
@@ -234,8 +234,8 @@ def test_sigterm_stops_the_sweep_and_starting_it_again_resumes(tmp_path: Path, m
     out = capsys.readouterr().out
     assert "[1/2] pre-lr0.001: previous attempt interrupted, resuming from its last checkpoint" in out, out
     resumed = json.loads((first / "summary.json").read_text())
-    assert resumed["status"] == "finished" and resumed["steps"] == 40
-    assert [step for step, _ in resumed["train_curve"]] == list(range(1, 41))  # one curve, no gap, no repeat
+    assert resumed["status"] == "finished" and resumed["steps"] == 16
+    assert [step for step, _ in resumed["train_curve"]] == list(range(1, 17))  # one curve, no gap, no repeat
     assert resumed["wall_time_s"] > stopped["wall_time_s"]  # the clock continues too
     assert json.loads((second / "summary.json").read_text())["status"] == "finished"
 
