@@ -103,9 +103,11 @@ def scalar_tags(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
 def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, monkeypatch, capsys):
+    """Real fits run in this process, one after the other (parallel child processes: test_sweep_cluster.py's
+    process-launcher sweep and the SIGTERM test below); then what a rerun decides, with a stand-in run."""
     monkeypatch.chdir(ROOT)  # runs stack configs/norm/<scheme>.yaml relative to the repository
+    monkeypatch.setattr(sweep.Children, "call", call_in_process)
     spec = {
         "name": "mini",
         "configs": [str(ROOT / "configs/lm/tiny.yaml")],
@@ -116,7 +118,6 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
                  "--trainer.callbacks+=experiments.monitoring.diagnostics.Diagnostics",
                  "--trainer.callbacks.every_n_steps=1"],
         "runs_root": str(tmp_path / "runs"),
-        "parallel": 2,  # both runs at once (one thread each)
     }  # fmt: skip
     sweep_file = tmp_path / "mini.yaml"
     sweep_file.write_text(yaml.safe_dump(spec))
@@ -148,7 +149,7 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
 
     # An unfinished run (killed mid-way: summary says running; crashed; interrupted) resumes from its
     # newest checkpoint; without one, or with --restart, it runs again from an emptied directory. The
-    # diverged one is skipped. Real runs were proven above (and resuming below): here a stand-in process.
+    # diverged one is skipped. Real runs were proven above (and resuming below): here a stand-in run.
     run_dir, calls = sweep_dir / "siamese-lr0.001", []
 
     def fake_run(self, argv, **kwargs) -> int:
@@ -158,6 +159,12 @@ def test_sweep_reruns_killed_runs_skips_done_ones_and_compares(tmp_path: Path, m
         return 0
 
     monkeypatch.setattr(sweep.Children, "call", fake_run)
+    # The figures were checked above; each rerun below would draw them again (seconds of matplotlib per rerun).
+    from experiments.results import compare as compare_module
+
+    for name in ("plot_curves", "plot_stability", "plot_metric_vs_lr"):
+        monkeypatch.setattr(compare_module.plots, name, lambda *args, **kwargs: False)
+    monkeypatch.setattr(compare_module, "plot_depth_profiles", lambda *args, **kwargs: False)
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     assert checkpoint.exists()
     cases = [
