@@ -2,8 +2,8 @@
 
 ``python -m pytest`` runs the suite on one worker process per core (``-n auto`` in pyproject.toml):
 
-- each worker gets an equal share of the cores for torch's intra-op threads, so two workers never
-  fight over the same core;
+- each worker gets an equal share of the cores for torch's intra-op threads and the BLAS, and so do the
+  processes its tests start, so two workers never fight over the same core;
 - tests that use a module-scoped fixture run on one worker, back to back, so the fixture (often a
   trained run) is built once, as in a serial run; tests marked ``xdist_group(PROCESSES)`` (several
   busy processes at once: DDP ranks, parallel sweep runs) run one after another, never two at a time;
@@ -27,7 +27,13 @@ _SHARED_SCOPES = ("module", "class")
 def pytest_configure(config: pytest.Config) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # this is one of several xdist workers: its share of the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        from threadpoolctl import threadpool_limits
+
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        threadpool_limits(share)  # numpy's BLAS (FID's eigenproblems) too: idle BLAS threads spin on a busy core
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, str(share))  # and the processes a test starts (runs, DDP ranks, sweeps)
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:

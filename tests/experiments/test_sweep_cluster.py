@@ -36,7 +36,7 @@ def spec_file(tmp_path: Path, name: str, **keys) -> Path:
         "args": [*tiny_lm(), "--divergence.max_loss=50", f"--data.init_args.data_dir={tmp_path / 'data'}",
                  f"--trainer.max_steps={STEPS}", "--trainer.val_check_interval=10", "--summary.log_every_n_steps=1",
                  "--summary.progress_every_s=0.5", "--trainer.callbacks+=tests.experiments.pacing.Pace",
-                 "--trainer.callbacks.seconds=0.15"],
+                 "--trainer.callbacks.seconds=0.08"],
         **keys,
     }  # fmt: skip
     path = tmp_path / f"{name}.yaml"
