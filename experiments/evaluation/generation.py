@@ -6,9 +6,11 @@ One feature pass per image set feeds every metric::
         sum, sum of outer products (float64)  -> mu, sigma -> FID
         pool features (float32, kept)         -> KID, precision / recall
         classifier logits (real weights only) -> IS
+        pool features resampled (on request)  -> FID's spread at this sample count (fid_bootstrap_std)
 
 The metrics themselves are torch-fidelity's (``fid_statistics_to_metric``, ``kid_features_to_metric``,
-``prc_features_to_metric``, ``isc_features_to_metric``); nothing here re-implements them. Precision
+``prc_features_to_metric``, ``isc_features_to_metric``); nothing here re-implements them, except the FID
+of resampled feature sets (:class:`FidToReference`, torch-fidelity has no resampling). Precision
 and recall use k = 3 nearest neighbours, as ADM's evaluator (Kynkaanniemi et al., 2019); KID is the
 unbiased polynomial-kernel MMD over 100 subsets (Binkowski et al., 2018). A reference given as stored
 statistics only (ADM's ``mu``/``sigma``, a pytorch-fid file) scores FID; KID and precision / recall
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
@@ -121,6 +124,51 @@ def fid_from_stats(real: RealStats, fake: RealStats) -> float:
     return float(out[KEY_METRIC_FID])
 
 
+class FidToReference:
+    """FID of many feature sets against one reference, for resampling: ``Sigma_r^(1/2)`` is computed once.
+
+    ``Tr (Sigma_r Sigma_g)^(1/2) = Tr (Sigma_r^(1/2) Sigma_g Sigma_r^(1/2))^(1/2)``, and with
+    ``Sigma_g = C^T C / (N - 1)`` (``C`` the centred (N, D) features) the symmetric matrix inside is
+    ``A^T A / (N - 1)`` for ``A = C Sigma_r^(1/2)``, whose nonzero eigenvalues are those of the (N, N) Gram matrix
+    ``A A^T / (N - 1)``: one eigenproblem of the smaller side per set, in float64. The same number as
+    :func:`fid_from_stats` (a test holds them to 1e-6 relative).
+    """
+
+    def __init__(self, real: RealStats) -> None:
+        self.mu = np.asarray(real.mu, dtype=np.float64)
+        self.sigma = np.asarray(real.sigma, dtype=np.float64)
+        w, v = np.linalg.eigh(self.sigma)
+        self.root = (v * np.sqrt(np.clip(w, 0, None))) @ v.T  # Sigma_r^(1/2), symmetric
+        self.trace = float(np.trace(self.sigma))
+
+    def __call__(self, features: np.ndarray) -> float:
+        """``|mu_r - mu_g|^2 + Tr Sigma_r + Tr Sigma_g - 2 Tr (Sigma_r^(1/2) Sigma_g Sigma_r^(1/2))^(1/2)``."""
+        n = len(features)
+        centred = features - features.mean(0)
+        a = centred @ self.root
+        inner = a @ a.T if n <= a.shape[1] else a.T @ a  # same nonzero eigenvalues
+        cross = np.sqrt(np.clip(np.linalg.eigvalsh(inner / (n - 1)), 0, None)).sum()
+        mean_term = float(((self.mu - features.mean(0)) ** 2).sum())
+        return mean_term + self.trace + float((centred * centred).sum()) / (n - 1) - 2 * float(cross)
+
+
+def fid_bootstrap(real: RealStats, features: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
+    """FID of ``draws`` resamples of the (N, D) sample features, each N drawn with replacement (seeded).
+
+    Their standard deviation estimates how far the FID of N samples moves with the sample draw alone, the
+    generator fixed: two models whose FIDs differ by less than that are not told apart by N samples. (A
+    resample repeats images, so its FID sits above the full set's; the spread, not the level, is what it is for.)
+    """
+    if draws < 2:
+        raise ValueError(f"fid bootstrap: {draws} resamples; valid: 2 or more")
+    feats = np.asarray(features, dtype=np.float64)
+    if feats.ndim != 2 or len(feats) < 2 or feats.shape[1] != len(real.mu):
+        raise ValueError(f"fid bootstrap: features of shape {feats.shape}; valid: (N >= 2, {len(real.mu)})")
+    fid = FidToReference(real)
+    index = np.random.default_rng(seed).integers(0, len(feats), size=(draws, len(feats)))
+    return np.array([fid(feats[rows]) for rows in index])
+
+
 def kid(real: Tensor, fake: Tensor, seed: int = 2020) -> tuple[float, float, int]:
     """KID mean and std over subsets, and the subset size used (min(1000, both set sizes))."""
     from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
@@ -186,6 +234,7 @@ def score_generation(
     is_unavailable: str | None = None,
     reference_has_images_note: str = "the reference has statistics only (no images or features)",
     device: torch.device | str = "cpu",
+    bootstrap: int = 0,
 ) -> GenerationScores:
     """FID against the reference statistics; KID and precision / recall against its features; IS of the samples.
 
@@ -197,11 +246,16 @@ def score_generation(
         is_unavailable: why IS cannot be computed (no classifier), or None when ``samples`` has logits.
         reference_has_images_note: the reason given when ``reference_features`` is None.
         device: where the precision / recall distances run.
+        bootstrap: resamples of the samples for ``fid_bootstrap_std`` (:func:`fid_bootstrap`, seed 0); 0: none.
     """
     suffix = "_proxy" if proxy else ""
     scores = GenerationScores(details={"samples": samples.count, "pr_k": PR_NEIGHBOURHOOD})
     scores.values[f"fid{suffix}"] = fid_from_stats(reference_stats, samples.stats())
     fake = samples.stacked()
+    if bootstrap:
+        resampled = fid_bootstrap(reference_stats, fake.numpy(), bootstrap)
+        scores.values[f"fid_bootstrap_std{suffix}"] = float(resampled.std(ddof=1))
+        scores.details["fid_bootstrap_draws"] = bootstrap
     if reference_features is None:
         scores.unavailable["kid"] = scores.unavailable["precision_recall"] = reference_has_images_note
     elif min(len(reference_features), len(fake)) <= PR_NEIGHBOURHOOD:
@@ -233,6 +287,7 @@ def score_against(
     batch_size: int = 50,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    bootstrap: int = 0,
 ) -> tuple[GenerationScores, FeatureSet | None]:
     """Scores generated images against a reference opened by :func:`experiments.evaluation.fid.open_reference`.
 
@@ -247,6 +302,7 @@ def score_against(
         batch_size: images per InceptionV3 pass (bounds memory).
         device: where InceptionV3 runs.
         progress: show bars with images/s.
+        bootstrap: resamples of the samples for FID's spread at their count (0: none).
 
     Returns:
         The scores, and the reference's computed feature set (None when nothing was computed for it).
@@ -270,7 +326,13 @@ def score_against(
         ref_features = computed.stacked() if computed is not None else None
     samples = extract_features(sample_batches, extractor.module, total=num_samples, desc="sample features", **common)
     scores = score_generation(
-        samples, stats, ref_features, proxy=extractor.proxy, is_unavailable=extractor.is_unavailable, device=device
+        samples,
+        stats,
+        ref_features,
+        proxy=extractor.proxy,
+        is_unavailable=extractor.is_unavailable,
+        device=device,
+        bootstrap=bootstrap,
     )
     scores.details["reference_images"] = reference.image_count
     return scores, computed

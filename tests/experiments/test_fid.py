@@ -352,6 +352,16 @@ def test_cli_prints_every_metric(no_wheel: Path, capsys: pytest.CaptureFixture) 
     again = capsys.readouterr().out.strip().splitlines()
     assert again[:-1] == lines[:-1] and "statistics (mu, sigma)" in again[-1]
 
+    assert main([str(stats), *argv[1:], "--bootstrap", "4"]) == 0  # FID's spread at n_b = 5, after FID
+    spread = capsys.readouterr().out.strip().splitlines()
+    assert spread[0] == lines[0] and re.fullmatch(
+        r"fid_bootstrap_std_proxy: \d+\.\d{4} \(4 resamples of the 5 samples\)", spread[1]
+    )
+    for bad in ("1", "-2", "x"):  # before any image is read
+        assert main([str(stats), *argv[1:], "--bootstrap", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --bootstrap") and err.count("\n") == 1 and bad in err, err
+
 
 def test_cli_missing_path_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     b = write_npz(tmp_path / "b.npz", smooth_images(2, 16, seed=7))

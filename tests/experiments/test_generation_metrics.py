@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -26,7 +27,9 @@ from experiments.evaluation.fid.cli import main
 from experiments.evaluation.fid.stats import RealStats
 from experiments.evaluation.generation import (
     FeatureSet,
+    FidToReference,
     extract_features,
+    fid_bootstrap,
     fid_from_stats,
     inception_score,
     kid,
@@ -216,6 +219,55 @@ def test_fid_from_statistics_equals_the_frechet_distance_by_hand() -> None:
     )  # pinned: mean term 2.25 + trace term 1.54
     assert fid_from_stats(RealStats(mu_r, s_r, 10), RealStats(mu_g, s_g, 20)) == pytest.approx(expected, rel=1e-10)
     assert fid_from_stats(RealStats(mu_r, s_r, 10), RealStats(mu_r, s_r, 10)) == pytest.approx(0.0, abs=1e-10)
+
+
+def correlated(n: int, d: int, seed: int, shift: float = 0.0) -> np.ndarray:
+    """(n, d) features with unequal variances and correlated columns, so no covariance is diagonal."""
+    rng = np.random.default_rng(seed)
+    mixing = rng.normal(size=(d, d)) * np.linspace(0.3, 2.0, d)
+    return rng.normal(size=(n, d)) @ mixing + shift * np.arange(d) / d
+
+
+@pytest.mark.parametrize("n", [9, 40])  # fewer samples than features (rank-deficient Sigma_g), and more
+def test_fid_to_a_reference_is_the_frechet_distance_by_hand(n: int) -> None:
+    ref = correlated(50, 12, seed=1)
+    reference = RealStats(ref.mean(0), np.cov(ref, rowvar=False), len(ref))
+    feats = correlated(n, 12, seed=2, shift=1.5)
+    expected = frechet_distance(reference.mu, reference.sigma, feats.mean(0), np.cov(feats, rowvar=False))
+    assert FidToReference(reference)(feats) == pytest.approx(expected, rel=1e-6)
+    assert FidToReference(reference)(ref) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_fid_bootstrap_is_the_fid_of_seeded_resamples_with_replacement() -> None:
+    ref = correlated(60, 8, seed=3)
+    reference = RealStats(ref.mean(0), np.cov(ref, rowvar=False), len(ref))
+    feats = correlated(20, 8, seed=4, shift=2.0)
+    rows = np.random.default_rng(7).integers(0, 20, size=(5, 20))  # 5 resamples of 20, repeats allowed
+    assert any(len(set(r)) < 20 for r in rows)
+    by_hand = [
+        frechet_distance(reference.mu, reference.sigma, feats[r].mean(0), np.cov(feats[r], rowvar=False)) for r in rows
+    ]
+    np.testing.assert_allclose(fid_bootstrap(reference, feats, 5, seed=7), by_hand, rtol=1e-6)
+    assert not np.allclose(fid_bootstrap(reference, feats, 5, seed=8), by_hand)  # the seed chooses the draws
+    for bad, message in [((feats, 1), "1 resamples; valid: 2 or more"), ((feats[:, :7], 5), "shape (20, 7)")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            fid_bootstrap(reference, *bad)
+
+
+def test_score_generation_reports_the_spread_of_resampled_fids_when_asked() -> None:
+    ref, fake = correlated(60, 6, seed=5), correlated(30, 6, seed=6, shift=1.0)
+    samples = FeatureSet(dim=6)
+    samples.add(torch.from_numpy(fake).float())
+    reference = RealStats(ref.mean(0), np.cov(ref, rowvar=False), len(ref))
+    assert "fid_bootstrap_std" not in score_generation(samples, reference, None).values
+    scores = score_generation(samples, reference, None, bootstrap=6)
+    rows = np.random.default_rng(0).integers(0, 30, size=(6, 30))  # seed 0, the default
+    kept = samples.stacked().double().numpy()  # the float32 features the set keeps
+    by_hand = [
+        frechet_distance(reference.mu, reference.sigma, kept[r].mean(0), np.cov(kept[r], rowvar=False)) for r in rows
+    ]
+    assert scores.values["fid_bootstrap_std"] == pytest.approx(np.std(by_hand, ddof=1), rel=1e-6)
+    assert scores.details["fid_bootstrap_draws"] == 6
 
 
 def kid_by_hand(x: np.ndarray, y: np.ndarray) -> float:
