@@ -141,11 +141,16 @@ class FidToReference:
         self.root = (v * np.sqrt(np.clip(w, 0, None))) @ v.T  # Sigma_r^(1/2), symmetric
         self.trace = float(np.trace(self.sigma))
 
-    def __call__(self, features: np.ndarray) -> float:
-        """``|mu_r - mu_g|^2 + Tr Sigma_r + Tr Sigma_g - 2 Tr (Sigma_r^(1/2) Sigma_g Sigma_r^(1/2))^(1/2)``."""
+    def __call__(self, features: np.ndarray, projected: np.ndarray | None = None) -> float:
+        """``|mu_r - mu_g|^2 + Tr Sigma_r + Tr Sigma_g - 2 Tr (Sigma_r^(1/2) Sigma_g Sigma_r^(1/2))^(1/2)``.
+
+        ``projected``: ``features @ Sigma_r^(1/2)`` if already at hand (rows of a projection made once for
+        every resample: centring commutes with the product).
+        """
         n = len(features)
         centred = features - features.mean(0)
-        a = centred @ self.root
+        projected = features @ self.root if projected is None else projected
+        a = projected - projected.mean(0)  # = centred @ Sigma_r^(1/2)
         inner = a @ a.T if n <= a.shape[1] else a.T @ a  # same nonzero eigenvalues
         cross = np.sqrt(np.clip(np.linalg.eigvalsh(inner / (n - 1)), 0, None)).sum()
         mean_term = float(((self.mu - features.mean(0)) ** 2).sum())
@@ -165,8 +170,9 @@ def fid_bootstrap(real: RealStats, features: np.ndarray, draws: int, seed: int =
     if feats.ndim != 2 or len(feats) < 2 or feats.shape[1] != len(real.mu):
         raise ValueError(f"fid bootstrap: features of shape {feats.shape}; valid: (N >= 2, {len(real.mu)})")
     fid = FidToReference(real)
+    projected = feats @ fid.root  # once: a resample's projection is its rows of this
     index = np.random.default_rng(seed).integers(0, len(feats), size=(draws, len(feats)))
-    return np.array([fid(feats[rows]) for rows in index])
+    return np.array([fid(feats[rows], projected[rows]) for rows in index])
 
 
 def kid(real: Tensor, fake: Tensor, seed: int = 2020) -> tuple[float, float, int]:
