@@ -20,7 +20,7 @@ been checked against ADM's own evaluator here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,11 +93,13 @@ def extract_features(
     desc: str = "features",
     device: torch.device | str = "cpu",
     progress: bool = True,
+    report: Callable[[int, int | None], None] | None = None,
 ) -> FeatureSet:
     """Runs uint8 ``(B, 3, H, W)`` image batches through the extractor, ``batch_size`` at a time.
 
     Memory stays bounded by ``batch_size`` images inside InceptionV3 (about 20 MB of activations per
-    image at 299 px on CPU), whatever the size of the incoming batches. The bar shows images/s.
+    image at 299 px on CPU), whatever the size of the incoming batches. The bar shows images/s;
+    ``report``, if given, is called with (images done, ``total``) after each batch (a run's progress file).
     """
     with_logits = getattr(extractor, "logits", False)
     feature_set = FeatureSet(int(extractor.num_features))
@@ -111,6 +113,8 @@ def extract_features(
                 feats, logits = extractor(batch), None
             feature_set.add(feats, logits)
             bar.update(len(batch))
+            if report is not None:
+                report(feature_set.count, total)
     return feature_set
 
 
@@ -294,6 +298,7 @@ def score_against(
     device: torch.device | str = "cpu",
     progress: bool = True,
     bootstrap: int = 0,
+    report: Callable[[int, int | None], None] | None = None,
 ) -> tuple[GenerationScores, FeatureSet | None]:
     """Scores generated images against a reference opened by :func:`experiments.evaluation.fid.open_reference`.
 
@@ -309,6 +314,7 @@ def score_against(
         device: where InceptionV3 runs.
         progress: show bars with images/s.
         bootstrap: resamples of the samples for FID's spread at their count (0: none).
+        report: called with (samples' features done, num_samples) after each batch of the samples.
 
     Returns:
         The scores, and the reference's computed feature set (None when nothing was computed for it).
@@ -330,7 +336,9 @@ def score_against(
         ref_features = torch.from_numpy(reference.features)
     else:
         ref_features = computed.stacked() if computed is not None else None
-    samples = extract_features(sample_batches, extractor.module, total=num_samples, desc="sample features", **common)
+    samples = extract_features(
+        sample_batches, extractor.module, total=num_samples, desc="sample features", report=report, **common
+    )
     scores = score_generation(
         samples,
         stats,

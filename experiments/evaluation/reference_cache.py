@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -66,11 +67,13 @@ def with_cached_features(
     batch_size: int = 50,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    report: Callable[[int, int | None], None] | None = None,
 ) -> Reference:
     """``reference`` with its features (and, for images, its statistics) from the cache, computed on a miss.
 
     An ADM reference batch keeps its stored ``mu`` / ``sigma`` for FID (computed by ADM over the whole
-    training set); only its ``arr_0`` features come from the cache.
+    training set); only its ``arr_0`` features come from the cache. ``report`` is called with (images done,
+    total) while they are computed.
     """
     if reference.images is None or reference.features is not None:
         return reference  # statistics only, or this suite's statistics file with features: nothing to compute
@@ -84,6 +87,7 @@ def with_cached_features(
             desc="reference features (cached after this run)",
             device=device,
             progress=progress,
+            report=report,
         )
         save_real_stats(path, computed.stats(), extractor.backend, computed.stacked().numpy())
     stored = load_stats_npz(path)

@@ -3,7 +3,8 @@ compare, ``progress.json`` (step / total, latest loss, steps/s, ETA; rewritten e
 to show while the run trains, and the marker file that says the directory is a suite run.
 
     <run_dir>/summary.json     at each validation, at the end, on a stop or crash, after test
-    <run_dir>/progress.json    every ``progress_every_s`` seconds while training or testing, and at the end
+    <run_dir>/progress.json    every ``progress_every_s`` seconds while training or testing (a long test's named
+                               phases, a DiT's sampling and feature passes, at each phase's start), and at the end
     <run_dir>/.suite-run.json  when the fit starts: only directories holding it are ever deleted by a sweep
 """
 
@@ -14,6 +15,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -111,6 +113,14 @@ class RunSummary(Callback):
         log_dir = trainer_run_dir(trainer)
         if log_dir and trainer.global_rank == 0:
             self.progress.start(Path(log_dir) / PROGRESS_FILE, "test", 0)
+            self.progress.write(0, None, None)  # at once: a sweep shows the run testing, not its finished fit
+
+    def phase_reporter(self, trainer: L.Trainer, phase: str) -> Callable[[int, int | None], None] | None:
+        """A ``(done, total)`` callback for one long part of a test (a DiT's ``"sampling"``, its ``"sample
+        features"`` ...) that rewrites ``progress.json`` with the phase's own count, rate and ETA; None off rank 0."""
+        if trainer.global_rank != 0 or self.progress.path is None:
+            return None
+        return lambda done, total: self.progress.phase_progress(phase, done, total)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.global_rank == 0 and self.progress.due():
@@ -199,18 +209,28 @@ class ProgressFile:
         self.every_s = every_s
         self.path: Path | None = None
         self.stage, self.step, self.total = "fit", 0, None
+        self.phase: str | None = None  # a named part of the stage, counted in its own units (images, samples)
         self._last_write = 0.0
         self._rate: float | None = None
         self._mark: tuple[float, int] | None = None  # (time, step) the rate is measured from
 
     def start(self, path: Path, stage: str, step: int) -> None:
-        self.path, self.stage, self.step, self.total = path, stage, step, None
+        self.path, self.stage, self.step, self.total, self.phase = path, stage, step, None, None
         self._rate, self._mark = None, (time.monotonic(), step)
         self._last_write = time.monotonic()  # the first write comes one interval in, with a measured rate
 
     def restart_clock(self, step: int) -> None:
         """Measures the rate from ``step`` on (the step a resumed fit continues from)."""
         self.step, self._rate, self._mark = step, None, (time.monotonic(), step)
+
+    def phase_progress(self, phase: str, done: int, total: int | None) -> None:
+        """Progress inside a named phase: written at once when the phase starts, then every interval."""
+        if phase != self.phase:
+            self.phase = phase
+            self.restart_clock(done)
+            self.write(done, total, None)
+        elif self.due() or (total is not None and done >= total):
+            self.write(done, total, None)
 
     def due(self) -> bool:
         return self.path is not None and time.monotonic() - self._last_write >= self.every_s
@@ -226,7 +246,7 @@ class ProgressFile:
         self.step, self.total, self._last_write = step, total, now
         eta = (total - step) / self._rate if self._rate and total is not None and status == "running" else None
         payload = {
-            "stage": self.stage, "status": status, "step": step, "total": total, "loss": loss,
+            "stage": self.stage, "phase": self.phase, "status": status, "step": step, "total": total, "loss": loss,
             "steps_per_s": self._rate, "eta_s": eta, "updated": time.time(), "pid": os.getpid(),
             "host": socket.gethostname(),
         }  # fmt: skip

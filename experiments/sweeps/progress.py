@@ -39,13 +39,22 @@ def read_progress(run_dir: Path) -> dict:
 
 
 def describe_progress(progress: dict) -> str:
-    """``step 120/200 (60%), loss 1.734, 3.1 steps/s, eta 00:26`` (or the test stage's batches)."""
+    """``step 120/200 (60%), loss 1.734, 3.1 steps/s, eta 00:26``; testing: ``testing, batch 3/8``, or in a named
+    phase ``testing: sampling 250/500 (50%), 3.9/s, eta 01:04``."""
     if not progress:
         return "starting"
     step, total = progress.get("step", 0), progress.get("total")
-    if progress.get("stage") == "test":
+    if progress.get("stage") == "test" and not progress.get("phase"):
         return f"testing, batch {step}/{total if total else '?'}"
-    parts = [f"step {step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"step {step:,}"]
+    count = f"{step:,}/{total:,} ({100 * step / total:.0f}%)" if total else f"{step:,}"
+    if progress.get("stage") == "test":  # a named phase (a DiT's sampling, its features ...), in its own units
+        parts = [f"testing: {progress['phase']} {count}"]
+        if progress.get("steps_per_s"):
+            parts.append(f"{progress['steps_per_s']:.3g}/s")
+        if progress.get("status", "running") == "running" and progress.get("eta_s") is not None:
+            parts.append(f"eta {fmt_interval(progress['eta_s'])}")
+        return ", ".join(parts)
+    parts = [f"step {count}"]
     if progress.get("loss") is not None:
         parts.append(f"loss {progress['loss']:.4g}")
     if progress.get("steps_per_s"):

@@ -27,6 +27,7 @@ from experiments.evaluation.fid import build_feature_extractor, open_reference
 from experiments.evaluation.fid.heldout import fid_stats_dir, heldout_reference
 from experiments.evaluation.generation import score_against
 from experiments.evaluation.reference_cache import with_cached_features
+from experiments.monitoring.summary import RunSummary
 from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.sampling import (
     SamplePlan,
@@ -80,6 +81,12 @@ class GenerationEvaluation:
     def sample_dir(self, settings: dict) -> Path:
         return self.run_dir() / "samples" / settings_dirname(settings, self.plan.seed, self.plan.chunk_size)
 
+    def reporter(self, phase: str):
+        """Where a phase's ``(done, total)`` goes: the run's ``progress.json``, so a sweep shows each run's
+        sampling and feature passes with a rate and an ETA (None without a :class:`RunSummary`, or off rank 0)."""
+        summary = next((cb for cb in self.trainer.callbacks if isinstance(cb, RunSummary)), None)
+        return None if summary is None else summary.phase_reporter(self.trainer, phase)
+
     # ------------------------------------------------------------------ the protocol
     def run(self) -> None:
         module, trainer = self.module, self.trainer
@@ -96,7 +103,13 @@ class GenerationEvaluation:
         try:
             with tf32_matmuls(module.device):
                 generated = generate_chunks(
-                    self.plan, directory, generate, trainer.global_rank, trainer.world_size, trainer.is_global_zero
+                    self.plan,
+                    directory,
+                    generate,
+                    trainer.global_rank,
+                    trainer.world_size,
+                    trainer.is_global_zero,
+                    report=self.reporter("sampling"),
                 )
         except InterruptedError:
             stop = SIGTERMException()
@@ -124,12 +137,13 @@ class GenerationEvaluation:
         reference, datamodule = self.reference, self.trainer.datamodule
         if reference is None:
             reference = heldout_reference(
-                datamodule, extractor, hp.fid_real_images, hp.fid_feature_batch_size, module.device
-            )
+                datamodule, extractor, hp.fid_real_images, hp.fid_feature_batch_size, module.device,
+                report=self.reporter("reference features"),
+            )  # fmt: skip
         else:  # its features once per (reference, network, layer, count): every seed and scheme reuses them
             reference = with_cached_features(
                 reference, extractor, fid_stats_dir(datamodule), batch_size=hp.fid_feature_batch_size,
-                device=module.device,
+                device=module.device, report=self.reporter("reference features"),
             )  # fmt: skip
         scores, _ = score_against(
             reference,
@@ -138,6 +152,7 @@ class GenerationEvaluation:
             num_samples=plan.num_samples,
             batch_size=hp.fid_feature_batch_size,
             device=module.device,
+            report=self.reporter("sample features"),
         )
         protocol = {
             "samples": plan.num_samples,

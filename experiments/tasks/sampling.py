@@ -108,6 +108,7 @@ def generate_chunks(
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
+    report: Callable[[int, int | None], None] | None = None,
 ) -> int:
     """Generates this rank's missing chunks; returns how many samples this rank generated now.
 
@@ -118,6 +119,7 @@ def generate_chunks(
             :class:`SamplingInterrupted` to stop.
         rank, world_size: chunk ``c`` belongs to rank ``c mod world_size``.
         progress: show a bar (samples of this rank, with samples/s).
+        report: called with (this rank's samples done, its share) after each chunk (a run's progress file).
     """
     mine = [c for c in range(plan.num_chunks) if c % world_size == rank]
     todo = [c for c in mine if not chunk_is_complete(directory, plan, c)]
@@ -133,6 +135,8 @@ def generate_chunks(
         write_chunk(directory, chunk, images, labels, indices)
         generated += len(indices)
         bar.update(len(indices))
+        if report is not None:
+            report(done_before + generated, share)
     bar.close()
     return generated
 

