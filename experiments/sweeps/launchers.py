@@ -121,6 +121,8 @@ def run_one(
     untested = spec.test and previous == "finished" and "test" not in read_summary(summary)
     if previous in DONE and not untested:
         say(f"{tag}: already done ({previous}), skipped")
+        if progress is not None:
+            progress.skip(name)
         return "skipped"
     if children.stopping.is_set():
         return "not started"

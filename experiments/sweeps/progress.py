@@ -8,6 +8,9 @@ well in a log file as on a terminal::
     [2/6] post-lr0.01: step 120/200 (60%), loss 1.734, 3.1 steps/s, eta 00:26
     [3/6] siamese-lr0.01: testing, batch 4/8
     sweep stability: 1 done, 2 running, 3 waiting; eta 03:10 (grid)
+
+A sweep started again counts the runs it skipped apart (``1 done (+4 done before), ...``): they are neither
+waiting nor part of the grid's ETA.
 """
 
 from __future__ import annotations
@@ -108,11 +111,16 @@ class GridProgress:
     running: dict[str, float] = field(default_factory=dict)  # run name -> monotonic start
     durations: list[float] = field(default_factory=list)
     ended: set[str] = field(default_factory=set)
+    skipped: set[str] = field(default_factory=set)  # done before this sweep started: neither run nor waiting
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def started(self, run: str) -> None:
         with self.lock:
             self.running[run] = time.monotonic()
+
+    def skip(self, run: str) -> None:
+        with self.lock:
+            self.skipped.add(run)
 
     def finished(self, run: str, ran: bool) -> None:
         """``ran``: the run trained here (its wall time counts towards the typical duration)."""
@@ -126,7 +134,8 @@ class GridProgress:
         """A line per running run and one for the grid."""
         with self.lock:
             running, durations = dict(self.running), list(self.durations)
-            waiting = len(self.tags) - len(self.ended) - len(running)
+            waiting = len(self.tags) - len(self.ended) - len(self.skipped) - len(running)
+            before = f" (+{len(self.skipped)} done before)" if self.skipped else ""
         lines, remaining = [], []
         for run in running:
             progress = read_progress(self.sweep_dir / run)
@@ -136,7 +145,7 @@ class GridProgress:
                 durations.append(duration)
         eta = grid_eta(remaining, durations, waiting, self.parallel)
         lines.append(
-            f"sweep {self.name}: {len(self.ended)} done, {len(running)} running, {waiting} waiting; "
+            f"sweep {self.name}: {len(self.ended)} done{before}, {len(running)} running, {waiting} waiting; "
             f"eta {fmt_interval(eta)} (grid)"
         )
         return lines

@@ -22,6 +22,7 @@ from experiments.cli import main as cli_main
 from experiments.monitoring.divergence import DivergenceDetector
 from experiments.monitoring.records import RUN_MARKER
 from experiments.results.tb_layout import LAYOUT_SUFFIX, comparison_url
+from experiments.sweeps import progress as sweep_progress
 from experiments.sweeps import sweep
 from tests.experiments.in_process import call_in_process
 from tests.experiments.tiny import tiny_lm
@@ -309,8 +310,11 @@ def test_a_finished_run_stopped_during_its_test_is_only_tested(tmp_path: Path, m
     assert "[1/1] pre: finished but not tested, testing" in capsys.readouterr().out
     ((_, _, _, sub, *rest),) = calls  # python -m experiments test ... --ckpt_path=<the checkpoint>
     assert sub == "test" and rest[-1] == f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
-    sweep.main(["sweep", str(sweep_file)])  # tested now: skipped
+    skipped = []
+    monkeypatch.setattr(sweep_progress.GridProgress, "skip", lambda self, run: skipped.append(run))
+    sweep.main(["sweep", str(sweep_file)])  # tested now: skipped, and not counted as waiting
     assert "already done (finished), skipped" in capsys.readouterr().out and len(calls) == 1
+    assert skipped == ["pre"]
 
 
 def test_previous_status(tmp_path: Path):

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from experiments.monitoring.summary import ProgressFile
-from experiments.sweeps.progress import describe_progress, fmt_interval, grid_eta, remaining_seconds
+from experiments.sweeps.progress import GridProgress, describe_progress, fmt_interval, grid_eta, remaining_seconds
 
 
 def test_the_progress_file_measures_rate_and_eta(tmp_path: Path):
@@ -71,3 +71,19 @@ def test_a_progress_line_and_the_grids_eta():
     assert grid_eta([10.0, 30.0], [60.0, 50.0, 70.0], waiting=4, parallel=2) == 140.0
     assert grid_eta([None, 30.0], [60.0], waiting=0, parallel=2) is None  # a run without an estimate yet
     assert grid_eta([], [], waiting=0, parallel=1) == 0.0
+
+
+def test_runs_done_before_the_sweep_started_are_not_waiting(tmp_path: Path):
+    """A sweep run again over 15 runs of which 9 finished before: 4 left to run, not 13 (nor their ETA)."""
+    tags = {f"r{i}": f"[{i + 1}/15] r{i}" for i in range(15)}
+    grid = GridProgress("g", tmp_path, tags, parallel=2)
+    for i in range(9):
+        grid.skip(f"r{i}")
+    grid.started("r9"), grid.finished("r9", ran=True)
+    grid.started("r10")
+    (tmp_path / "r10").mkdir()
+    (tmp_path / "r10" / "progress.json").write_text(
+        json.dumps({"step": 1, "total": 4, "eta_s": 30.0, "updated": time.time()})
+    )
+    line = grid.report()[-1]
+    assert line.startswith("sweep g: 1 done (+9 done before), 1 running, 4 waiting; eta "), line
