@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -81,7 +81,7 @@ class GenerationEvaluation:
     def sample_dir(self, settings: dict) -> Path:
         return self.run_dir() / "samples" / settings_dirname(settings, self.plan.seed, self.plan.chunk_size)
 
-    def reporter(self, phase: str):
+    def reporter(self, phase: str) -> Callable[[int, int | None], None] | None:
         """Where a phase's ``(done, total)`` goes: the run's ``progress.json``, so a sweep shows each run's
         sampling and feature passes with a rate and an ETA (None without a :class:`RunSummary`, or off rank 0)."""
         summary = next((cb for cb in self.trainer.callbacks if isinstance(cb, RunSummary)), None)
