@@ -2,6 +2,7 @@
 
     python -m experiments compare runs/lm/stability                              # rebuild the comparison
     python -m experiments compare runs/lm/stability --export docs/results/stability   # and copy it into the repo
+    python -m experiments compare runs/vit/vit-tiny --baseline siamese   # print the cells paired against siamese
 
 The headline table has one row per cell of the grid (scheme x overlay x lr x warmup): the sweep's metric
 as ``mean ± 95 % CI (n)`` over seeds, the paired difference to the spec's ``baseline`` scheme with its
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments.reliability.errors import SuiteError
@@ -170,8 +171,21 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
     return out
 
 
+def against(comparison: Comparison, scheme: str, export_dir: Path | None = None) -> Comparison:
+    """The comparison with its cells paired against ``scheme`` (checked to be one of its schemes)."""
+    schemes = list(dict.fromkeys(cell.scheme for cell in comparison.cells))
+    if scheme not in schemes:
+        raise SuiteError(f"--baseline {scheme}: not a scheme of this sweep; valid: {', '.join(schemes)}")
+    if export_dir is not None:
+        raise SuiteError(
+            f"--baseline {scheme} with --export {export_dir}: --baseline only prints (an export is the sweep's "
+            "own comparison); valid: one of the two"
+        )
+    return replace(comparison, baseline=scheme)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m experiments compare SWEEP_DIR [--export DIR [--overwrite]]``."""
+    """``python -m experiments compare SWEEP_DIR [--export DIR [--overwrite] | --baseline SCHEME]``."""
     parser = argparse.ArgumentParser(
         prog="python -m experiments compare",
         description="Rebuild a sweep directory's comparison (tables, plots, TensorBoard layout) from its runs' "
@@ -182,11 +196,20 @@ def main(argv: list[str] | None = None) -> None:
         "--export", type=Path, metavar="DIR", help="also copy the comparison to DIR (e.g. docs/results/stability)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR")
+    parser.add_argument(
+        "--baseline",
+        metavar="SCHEME",
+        help="only print the cells table paired seed by seed against SCHEME (e.g. a scheme without its DyT "
+        "overlay) instead of the sweep's baseline; writes nothing",
+    )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         raise SuiteError(f"{args.sweep_dir} is not a directory; valid: a sweep directory such as runs/lm/demo")
     if not (args.sweep_dir / SWEEP_RECORD).is_file() and not any(args.sweep_dir.glob("*/summary.json")):
         raise SuiteError(f"{args.sweep_dir} holds no sweep.yaml and no */summary.json; valid: a sweep directory")
+    if args.baseline is not None:
+        print(against(load_comparison(args.sweep_dir), args.baseline, args.export).block("table"), end="")
+        return
     if args.export is not None:  # refuse before writing anything
         check_target(args.export, args.sweep_dir, args.overwrite)
     for kind, p in write_comparison(args.sweep_dir).items():

@@ -35,6 +35,8 @@ SCHEME_COLOURS: dict[str, str] = {
     "dyt-dit": "#fb8072",  # salmon
     "pre-dyt-llama": "#08306b",  # navy: pre's blue, darker
     "siamese-dyt-llama": "#00441b",  # dark green: siamese's green, darker
+    "pre-dyt": "#4f9fd6",  # light blue: pre's blue, lighter (the ViT sweep's DyT cells)
+    "siamese-dyt": "#7fc97f",  # light green: siamese's green, lighter
 }
 EXTRA = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from scipy import stats as scipy_stats
 
+from experiments.reliability.errors import SuiteError
 from experiments.results import compare, palette, plots, stats, tables
 from experiments.results.profiles import depth_profile
 
@@ -177,6 +178,31 @@ def test_cells_show_mean_ci_n_and_the_paired_difference_with_scipys_values(tmp_p
     assert float(cells[1]["val/loss diff_ci_low"]) == pytest.approx(diff.low, rel=1e-12)
     assert cells[1]["finished"] == "3" and cells[1]["val/loss n"] == "3"
     assert cells[1]["val/loss"] == rows[3][1] and cells[1]["Δ val/loss"] == rows[3][2]  # the markdown's text
+
+
+def test_compare_against_another_baseline_prints_the_pairs_and_writes_nothing(tmp_path: Path, capsys):
+    """``--baseline siamese``: each cell paired with SiameseNorm's runs (e.g. a scheme against itself plus DyT)."""
+    post = [1.541, 1.570, 1.533]
+    write_sweep(tmp_path, seeded("pre", PRE) + seeded("siamese", SIAMESE) + seeded("post", post))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    compare.main([str(tmp_path), "--baseline", "siamese"])
+    rows = cells_table(capsys.readouterr().out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # printed only
+    assert rows[0][:3] == ["scheme", "val/loss", "Δ val/loss vs siamese"]
+    by_scheme = {r[0]: r for r in rows[2:]}
+    assert by_scheme["siamese"][2] == "(baseline)"
+    for scheme, values in (("pre", PRE), ("post", post)):  # scheme - siamese, not siamese - scheme
+        ref = scipy_stats.ttest_rel(values, SIAMESE)
+        shown = float(by_scheme[scheme][2].split(" ± ")[0])
+        assert shown == pytest.approx(np.mean(np.subtract(values, SIAMESE)), abs=1e-3)  # as shown
+        assert by_scheme[scheme][3] == f"{ref.pvalue:.2g}"
+    with pytest.raises(
+        SuiteError, match=r"^--baseline deepnorm: not a scheme of this sweep; valid: pre, siamese, post$"
+    ):
+        compare.main([str(tmp_path), "--baseline", "deepnorm"])
+    with pytest.raises(SuiteError, match="--baseline only prints"):
+        compare.main([str(tmp_path), "--baseline", "pre", "--export", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 def test_cells_pair_runs_by_seed_whatever_the_order_and_gaps(tmp_path: Path):
