@@ -151,13 +151,13 @@ class FidToReference:
         ``projected``: ``features @ Sigma_r^(1/2)`` if already at hand (rows of a projection made once for
         every resample: centring commutes with the product).
         """
-        n = len(features)
-        centred = features - features.mean(0)
+        n, mu = len(features), features.mean(0)
+        centred = features - mu
         projected = features @ self.root if projected is None else projected
         a = projected - projected.mean(0)  # = centred @ Sigma_r^(1/2)
         inner = a @ a.T if n <= a.shape[1] else a.T @ a  # same nonzero eigenvalues
         cross = np.sqrt(np.clip(np.linalg.eigvalsh(inner / (n - 1)), 0, None)).sum()
-        mean_term = float(((self.mu - features.mean(0)) ** 2).sum())
+        mean_term = float(((self.mu - mu) ** 2).sum())
         return mean_term + self.trace + float((centred * centred).sum()) / (n - 1) - 2 * float(cross)
 
 
