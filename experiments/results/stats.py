@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as scipy_stats
+from scipy.optimize import brentq
 
 CONFIDENCE = 0.95
 CI_NAME = f"{CONFIDENCE * 100:.0f} % CI"  # how tables and plots name the interval
@@ -171,3 +172,113 @@ def paired(values: Mapping, baseline: Mapping, confidence: float = CONFIDENCE) -
         p_t = float(scipy_stats.ttest_rel(x, y).pvalue)
     p_flip, exact = sign_flip_p_value(d)
     return PairedComparison(keys, tuple(d.tolist()), difference, p_t, p_flip, exact)
+
+
+##################################################################################
+#                 How much evidence a paired comparison had (power)              #
+##################################################################################
+
+ALPHA = 0.05  # two-sided level of the paired t-test the sensitivity is stated for
+POWER = 0.8  # the chance of reaching p < ALPHA that "detectable" and "seeds needed" ask for
+MAX_SEEDS = 1000  # seeds_needed gives up above this: "more than 1000 seeds" is answer enough
+
+
+def paired_t_power(effect: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test with ``n`` pairs at level ``alpha`` when the true mean difference is
+    ``effect`` paired standard deviations: P(|T| > t_{1 - alpha/2, n-1}) for T noncentral t with ``n - 1``
+    degrees of freedom and noncentrality ``effect * sqrt(n)`` (both tails counted).
+
+    Raises:
+        ValueError: for n < 2 (a t-test needs two pairs).
+    """
+    if n < 2:
+        raise ValueError(f"a paired t-test needs at least 2 pairs, got n = {n}")
+    df = n - 1
+    critical = scipy_stats.t.ppf(1 - alpha / 2, df)
+    noncentrality = abs(effect) * math.sqrt(n)
+    upper = float(scipy_stats.nct.sf(critical, df, noncentrality))
+    # the wrong-sign tail P(T < -critical) = P(-T > critical); scipy's cdf underflows to nan where it is ~0
+    lower = float(scipy_stats.nct.sf(critical, df, -noncentrality))
+    return upper + (lower if math.isfinite(lower) else 0.0)
+
+
+def detectable_effect(n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest true mean difference, in paired standard deviations, that the two-sided paired t-test with
+    ``n`` pairs detects (p < ``alpha``) with probability ``power``: solved exactly on the noncentral t
+    distribution (:func:`paired_t_power`), not from the normal approximation.
+
+    Raises:
+        ValueError: for n < 2.
+    """
+    if n < 2:
+        raise ValueError(f"a paired t-test needs at least 2 pairs, got n = {n}")
+    if not alpha < power < 1:
+        raise ValueError(f"power {power} must lie between alpha {alpha} and 1")
+    high = 1.0
+    while paired_t_power(high, n, alpha) < power:  # n = 2 needs about 11.5 standard deviations
+        high *= 2
+    return float(brentq(lambda e: paired_t_power(e, n, alpha) - power, 0.0, high, xtol=1e-12, rtol=1e-12))
+
+
+def seeds_needed(difference: float, std: float, alpha: float = ALPHA, power: float = POWER,
+                 max_seeds: int = MAX_SEEDS) -> int | None:  # fmt: skip
+    """The smallest number of pairs (seeds) whose two-sided paired t-test reaches p < ``alpha`` with
+    probability ``power`` if the true mean difference were ``difference`` with paired standard deviation
+    ``std`` (the observed ones); None when more than ``max_seeds`` would be needed (or the difference is 0).
+
+    Raises:
+        ValueError: when ``std`` is not positive (no spread: the t-test is undefined, see :func:`paired`).
+    """
+    if not std > 0 or not math.isfinite(std):
+        raise ValueError(f"the paired standard deviation must be positive and finite, got {std}")
+    effect = abs(difference) / std
+    if effect == 0 or paired_t_power(effect, max_seeds, alpha) < power:
+        return None
+    low, high = 1, 2  # power(low) < power <= power(high); power grows with n
+    while paired_t_power(effect, high, alpha) < power:
+        low, high = high, min(2 * high, max_seeds)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if paired_t_power(effect, mid, alpha) >= power:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """What a paired comparison could have shown: its detectable difference and the seeds its difference needs.
+
+    Attributes:
+        n: pairs.
+        std: their paired standard deviation (None below 2 pairs).
+        detectable: the smallest true mean difference (in the metric's units) the two-sided paired t-test at
+            ``alpha`` detects with probability ``power`` from ``n`` pairs of this spread; None when undefined.
+        needed: the seeds the observed mean difference needs for that power at that spread; None when
+            undefined or above ``MAX_SEEDS`` (``why`` says which).
+        why: None, or why a number is missing: ``"one pair"``, ``"no spread"`` (every difference equal),
+            ``"no difference"`` (mean 0), ``"more than 1000"``.
+        alpha, power: the level and the power both numbers are stated for.
+    """
+
+    n: int
+    std: float | None
+    detectable: float | None
+    needed: int | None
+    why: str | None = None
+    alpha: float = ALPHA
+    power: float = POWER
+
+
+def sensitivity(comparison: PairedComparison, alpha: float = ALPHA, power: float = POWER) -> Sensitivity:
+    """:class:`Sensitivity` of a paired comparison, from its own differences."""
+    n, d = comparison.n, comparison.difference
+    if n < 2:
+        return Sensitivity(n, None, None, None, "one pair", alpha, power)
+    if not d.std:  # 0.0 (constant differences): a t-test of no spread is undefined
+        return Sensitivity(n, 0.0, None, None, "no spread", alpha, power)
+    detectable = detectable_effect(n, alpha, power) * d.std
+    needed = seeds_needed(d.mean, d.std, alpha, power)
+    why = None if needed is not None else "no difference" if d.mean == 0 else f"more than {MAX_SEEDS}"
+    return Sensitivity(n, d.std, detectable, needed, why, alpha, power)

@@ -171,3 +171,84 @@ def test_interval_bands_equal_the_interval_at_every_point():
 
 def test_p_value_formatting():
     assert [fmt_p(p) for p in (None, 1.0, 0.25, 0.01527, 0.0004)] == ["-", "1", "0.25", "0.015", "< 0.001"]
+
+
+# Power of the two-sided paired (one-sample) t-test at alpha 0.05, from statsmodels 0.15.0's TTestPower
+# (installed outside the project for this cross-check only; its results hard-coded here):
+#   TTestPower().power(effect_size=d, nobs=n, alpha=0.05)              two-sided
+#   TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8)            the detectable effect, in standard deviations
+STATSMODELS_POWER = {(1.0, 10): 0.8030968566327218, (1.0, 9): 0.7480170922294764, (2.0, 3): 0.4707494312784346,
+                     (0.5, 34): 0.8077775012792737, (0.5, 33): 0.795365841487504}  # fmt: skip
+STATSMODELS_DETECTABLE = {2: 11.549889754978167, 3: 3.264043552819638, 4: 2.1279493431921157,
+                          5: 1.6819970833232674, 10: 0.9960019107624178}  # fmt: skip
+# the same with alternative="larger" (one-sided), alpha 0.025, or power 0.2: what a mix-up would give at n = 3
+ONE_SIDED_DETECTABLE_3 = 2.2972747898357215
+HALF_ALPHA_DETECTABLE_3 = 4.523203146932625
+POWER_02_DETECTABLE_3 = 1.0839946918406143
+ONE_SIDED_POWER_2_3 = 0.7121592030328323
+
+
+def test_power_equals_statsmodels_and_a_monte_carlo_of_the_t_test():
+    for (effect, n), reference in STATSMODELS_POWER.items():
+        assert stats.paired_t_power(effect, n) == pytest.approx(reference, rel=1e-9), (effect, n)
+        assert stats.paired_t_power(-effect, n) == pytest.approx(reference, rel=1e-9)  # two-sided: either sign
+    assert stats.paired_t_power(2.0, 3) != pytest.approx(ONE_SIDED_POWER_2_3, abs=0.05)
+    assert stats.paired_t_power(0.0, 5) == pytest.approx(0.05, abs=1e-12)  # no effect: the test's level
+    # Brute force: 200,000 experiments of 3 pairs with a true difference of 2 standard deviations, each judged by
+    # scipy's own paired t-test at p < 0.05.
+    rng = np.random.default_rng(0)
+    d = rng.normal(2.0, 1.0, size=(200_000, 3))
+    p = scipy_stats.ttest_1samp(d, 0.0, axis=1).pvalue
+    rate = np.mean(p < 0.05)
+    assert abs(rate - stats.paired_t_power(2.0, 3)) < 4 * (0.47 * 0.53 / 200_000) ** 0.5  # about 0.0045
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        stats.paired_t_power(1.0, 1)
+
+
+def test_detectable_effect_is_solved_on_the_noncentral_t():
+    for n, reference in STATSMODELS_DETECTABLE.items():
+        effect = stats.detectable_effect(n)
+        assert effect == pytest.approx(reference, rel=1e-6), n
+        assert stats.paired_t_power(effect, n) == pytest.approx(0.8, abs=1e-9)  # solved, not approximated
+    three = stats.detectable_effect(3)
+    for wrong in (ONE_SIDED_DETECTABLE_3, HALF_ALPHA_DETECTABLE_3, POWER_02_DETECTABLE_3):
+        assert three != pytest.approx(wrong, rel=0.02)
+    # The normal approximation (z_{0.975} + z_{0.8}) / sqrt(n) = 1.62 at n = 3 would be half the exact answer.
+    assert three > 1.9 * (1.959963984540054 + 0.8416212335729143) / 3**0.5
+    assert stats.detectable_effect(3, power=0.2) == pytest.approx(POWER_02_DETECTABLE_3, rel=1e-6)
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        stats.detectable_effect(1)
+
+
+def test_seeds_needed_is_the_smallest_n_that_reaches_the_power():
+    # effect 0.5: statsmodels' solve_power gives 33.37 pairs, so 34 (power 0.8078; 33 has 0.7954)
+    assert stats.seeds_needed(0.05, 0.1) == 34 and stats.seeds_needed(-0.05, 0.1) == 34
+    assert stats.seeds_needed(1.0, 1.0) == 10  # solve_power: 9.94 (power at 9: 0.748, at 10: 0.803)
+    at_three = STATSMODELS_DETECTABLE[3]
+    assert stats.seeds_needed(at_three * 1.001, 1.0) == 3 and stats.seeds_needed(at_three * 0.999, 1.0) == 4
+    assert stats.seeds_needed(STATSMODELS_DETECTABLE[2] * 1.001, 1.0) == 2
+    assert stats.seeds_needed(0.0, 1.0) is None and stats.seeds_needed(0.01, 1.0) is None  # > 1000 seeds
+    assert stats.seeds_needed(0.1, 1.0) == 787  # n with power >= 0.8 for d = 0.1, checked on both sides below
+    assert stats.paired_t_power(0.1, 787) >= 0.8 > stats.paired_t_power(0.1, 786)
+    with pytest.raises(ValueError, match="positive"):
+        stats.seeds_needed(0.1, 0.0)
+
+
+def test_sensitivity_of_a_paired_comparison_and_where_it_is_undefined():
+    v = stats.paired(dict(enumerate(SAMPLE)), dict(enumerate(BASE)))  # 5 pairs
+    s = stats.sensitivity(v)
+    d = np.subtract(SAMPLE, BASE)
+    assert s.n == 5 and s.std == pytest.approx(np.std(d, ddof=1), rel=1e-12) and s.why is None
+    assert s.detectable == pytest.approx(STATSMODELS_DETECTABLE[5] * np.std(d, ddof=1), rel=1e-6)
+    assert s.needed == stats.seeds_needed(d.mean(), np.std(d, ddof=1))
+    assert stats.paired_t_power(abs(d.mean()) / np.std(d, ddof=1), s.needed) >= 0.8
+    assert stats.paired_t_power(abs(d.mean()) / np.std(d, ddof=1), s.needed - 1) < 0.8
+    one = stats.sensitivity(stats.paired({7: 1.5}, {7: 1.6}))
+    assert (one.detectable, one.needed, one.why) == (None, None, "one pair")
+    offset = stats.sensitivity(stats.paired({1: 1.5, 2: 1.25, 3: 1.0}, {1: 1.0, 2: 0.75, 3: 0.5}))
+    assert (offset.detectable, offset.needed, offset.why) == (None, None, "no spread")
+    zero = stats.sensitivity(stats.paired({1: 1.0, 2: 2.0, 3: 3.0}, {1: 2.0, 2: 1.0, 3: 3.0}))  # -1, +1, 0
+    assert zero.detectable == pytest.approx(STATSMODELS_DETECTABLE[3], rel=1e-6)  # std 1
+    assert (zero.needed, zero.why) == (None, "no difference")
+    tiny = stats.sensitivity(stats.paired({1: 1.001, 2: 2.0, 3: 3.0}, {1: 2.0, 2: 1.0, 3: 3.0}))
+    assert (tiny.needed, tiny.why) == (None, "more than 1000")
