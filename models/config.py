@@ -8,6 +8,7 @@ from typing import Literal
 
 from models.norms import DYT_ALPHA_INIT, DyTInit, get_norm_layer
 from models.schemes import SchemeOptions, get_scheme
+from models.schemes.mhc import MHC_VARIANTS
 
 MLP_KINDS = ("gelu", "gelu_tanh", "swiglu")
 INIT_KINDS = ("trunc_normal", "normal", "xavier")
@@ -120,6 +121,9 @@ class TrunkConfig:
             describes: True, False, or "auto" (where it keeps fewer bytes: ``Scheme.recompute_wins``; off
             under ``activation_checkpointing``, which recomputes the whole block already).
         mhc_streams: mHC's number of residual streams n (the paper's and the reference's 4).
+        mhc_variant: mHC's form (:mod:`models.schemes.mhc`): "paper" (the paper's equations as DeepSeek-V4 and
+            Megatron-LM run them: one projection of the flattened streams, softmax-first Sinkhorn with eps) or
+            "mhcv2" (lucidrains' mHCv2: each stream normalized and projected on its own).
     """
 
     dim: int = 256
@@ -157,6 +161,7 @@ class TrunkConfig:
     activation_checkpointing: bool = False
     recompute_norms: bool | Literal["auto"] = "auto"
     mhc_streams: int = 4
+    mhc_variant: str = "paper"
 
     def __post_init__(self) -> None:
         """Refuses any out-of-range field in one line naming it (``BOUNDS``), then the names and cross-checks."""
@@ -174,6 +179,8 @@ class TrunkConfig:
             raise ValueError(f"unknown init {self.init!r}; valid: {', '.join(INIT_KINDS)}")
         if self.qk_norm_scope not in QK_NORM_SCOPES:
             raise ValueError(f"unknown qk_norm_scope {self.qk_norm_scope!r}; valid: {', '.join(QK_NORM_SCOPES)}")
+        if self.mhc_variant not in MHC_VARIANTS:
+            raise ValueError(f"unknown mhc_variant {self.mhc_variant!r}; valid: {', '.join(MHC_VARIANTS)}")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
             raise ValueError(f"trunk moe_top_k {self.moe_top_k} must be in [1, moe_experts={self.moe_experts}]")
         if not (isinstance(self.recompute_norms, bool) or self.recompute_norms == "auto"):
@@ -194,6 +201,7 @@ class TrunkConfig:
             self.siamese_depth_scaling,
             self.hybrid_depth_scaling,
             mhc_streams=self.mhc_streams,
+            mhc_variant=self.mhc_variant,
         )
 
     def dyt_init(self, kind: str) -> DyTInit:

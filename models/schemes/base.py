@@ -81,6 +81,8 @@ class SchemeOptions:
         hybrid_depth_scaling: HybridNorm ablation (paper Table 3): scale its single stream's update by
             ``1 / sqrt(2(b + 1))``, the depth scaling SiameseNorm applies to its X stream.
         mhc_streams: mHC's number of residual streams n.
+        mhc_variant: mHC's form: "paper" (one projection of the flattened streams, DeepSeek-V4's Sinkhorn) or
+            "mhcv2" (lucidrains' mHCv2: each stream normalized and projected on its own).
     """
 
     mix_ratio: float = 0.25
@@ -88,6 +90,7 @@ class SchemeOptions:
     depth_scaling: bool = True
     hybrid_depth_scaling: bool = False
     mhc_streams: int = 4
+    mhc_variant: str = "paper"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""mHC (``norm_scheme: mhc``) against a hand-written float64 reference of ``mHCv2.py``'s equations, its init
-values, its float32 Sinkhorn, and the machinery around it (stream count, readout per stream, recomputation).
+"""mHC (``norm_scheme: mhc``) in both forms against hand-written float64 references: ``mhc_variant: mhcv2``
+against ``mHCv2.py``'s equations, its init values and its float32 Sinkhorn; ``mhc_variant: paper`` against
+DeepSeek-V4's ``hc_pre`` / ``hc_post`` / ``hc_split_sinkhorn`` and Megatron-LM's init; the recomputing
+Sinkhorn's gradient; and the machinery around them (stream count, readout per stream, recomputation).
 
 Every parameter the scheme owns (static and dynamic weights, scales, norms) and the adaLN weights are
 randomized before comparing, so agreement is not only at init.
@@ -13,13 +15,22 @@ import pytest
 import torch
 
 from models import Trunk, TrunkConfig
-from models.schemes.mhc import SINKHORN_ITERS, sinkhorn_knopp
+from models.schemes.mhc import (
+    HC_EPS,
+    SINKHORN_ITERS,
+    ManifoldHyperConnections,
+    PaperMHC,
+    sinkhorn_eps,
+    sinkhorn_knopp,
+)
 from tests.models import reference as ref
 from tests.models.reference_mhc import init_h_res, sinkhorn
+from tests.models.reference_mhc import sinkhorn_eps as paper_sinkhorn
 from tests.models.test_recompute import assert_same, pair, run
 from tests.models.test_schemes import BATCH, HEADS, TOKENS, D, L, build, check_against_reference, randomize
 
 H_RES_PARAMS = ("depth_0", "w_depth", "s_res")
+V2_ONE_BLOCK = TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_scheme="mhc", mhc_variant="mhcv2")
 SIGMOID_1 = 0.7310585786300049  # sigmoid(1): H_pre's init on stream k mod n; 2 * sigmoid(1) is H_post's
 
 
@@ -33,15 +44,18 @@ def randomize_mhc(trunk: Trunk) -> Trunk:
             p.add_(0.5 * torch.randn_like(p))
         elif leaf in ("s_pre", "s_res", "s_post"):
             p.copy_(0.2 + 0.5 * torch.rand_like(p))
+        elif leaf == "hc_fn":  # the paper form's Phi (xavier at init)
+            p.copy_(0.3 * torch.randn_like(p))
     return trunk
 
 
 def mhc_trunk(norm_layer: str = "layernorm", conditioned: bool = False, streams: int = 4) -> Trunk:
-    return randomize_mhc(build("mhc", norm_layer, conditioned, mhc_streams=streams))
+    return randomize_mhc(build("mhc", norm_layer, conditioned, mhc_streams=streams, mhc_variant="mhcv2"))
 
 
 def init_sites(streams: int = 4, depth: int = L) -> tuple[Trunk, list]:
-    trunk = Trunk(TrunkConfig(dim=D, depth=depth, num_heads=HEADS, norm_scheme="mhc", mhc_streams=streams))
+    cfg = TrunkConfig(dim=D, depth=depth, num_heads=HEADS, norm_scheme="mhc", mhc_streams=streams, mhc_variant="mhcv2")
+    trunk = Trunk(cfg)
     return trunk, [site for blk in trunk.blocks for site in (blk.attn_res, blk.mlp_res)]
 
 
@@ -158,7 +172,7 @@ def test_sinkhorn_runs_in_float32_under_bf16_autocast():
 def test_site_weights_are_float32_under_bf16_autocast():
     """float32 streams (an LM's) under bf16 autocast: H_res and H_post equal the float64 hand computation to
     float32 precision; a bf16 matmul for the logits would put them off by ~1e-3."""
-    trunk = randomize_mhc(Trunk(TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_scheme="mhc")).double()).float()
+    trunk = randomize_mhc(Trunk(V2_ONE_BLOCK).double()).float()
     site = trunk.blocks[0].mlp_res
     x = 2 * torch.randn(BATCH, TOKENS, 4, D)
     with torch.autocast("cpu", torch.bfloat16):
@@ -178,7 +192,7 @@ def test_site_weights_are_float32_under_bf16_autocast():
 def test_bf16_streams_get_float32_weights_and_stay_bf16():
     """bf16 streams (a DiT's under autocast): the weights are float32 (H_res rows sum to 1 to float32 precision,
     which bf16's 8 bits could not hold), the new streams bf16."""
-    trunk = randomize_mhc(Trunk(TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_scheme="mhc")).double()).float()
+    trunk = randomize_mhc(Trunk(V2_ONE_BLOCK).double()).float()
     site = trunk.blocks[0].attn_res
     x = (2 * torch.randn(BATCH, TOKENS, 4, D)).bfloat16()
     with torch.autocast("cpu", torch.bfloat16):
@@ -255,6 +269,7 @@ def test_torch_compile_matches_eager(monkeypatch):
     from models.schemes import mhc
 
     monkeypatch.setattr(mhc.sinkhorn_knopp, "__defaults__", (3,))
+    monkeypatch.setattr(mhc.sinkhorn_eps, "__defaults__", (3, mhc.HC_EPS))
     plain, recomputing = pair("mhc", "rmsnorm", False, depth=1)
     compiled = run(torch.compile(recomputing, backend="aot_eager_decomp_partition", fullgraph=True), False)
     eager = run(plain, False)
@@ -263,9 +278,10 @@ def test_torch_compile_matches_eager(monkeypatch):
         torch.testing.assert_close(compiled[2][f"_orig_mod.{name}"], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_randomize_touches_every_mhc_parameter():
+@pytest.mark.parametrize("variant", ["paper", "mhcv2"])
+def test_randomize_touches_every_mhc_parameter(variant):
     """The reference comparison is only as strong as the randomization: no scheme parameter keeps its init."""
-    trunk = build("mhc")
+    trunk = build("mhc", mhc_variant=variant)
     sites = [*(site for blk in trunk.blocks for site in (blk.attn_res, blk.mlp_res)), trunk.readout]
     before = [{n: p.detach().clone() for n, p in site.named_parameters()} for site in sites]
     randomize_mhc(trunk)
@@ -273,3 +289,128 @@ def test_randomize_touches_every_mhc_parameter():
         assert len(init) >= 2
         for name, p in site.named_parameters():
             assert not torch.equal(p, init[name]), name
+
+
+#################################################################################
+#       The paper form: DeepSeek-V4's equations, Megatron-LM's init              #
+#################################################################################
+
+
+def paper_trunk(norm_layer: str = "layernorm", conditioned: bool = False, streams: int = 4) -> Trunk:
+    return randomize_mhc(build("mhc", norm_layer, conditioned, mhc_streams=streams, mhc_variant="paper"))
+
+
+def test_paper_is_the_default_variant():
+    assert TrunkConfig().mhc_variant == "paper"
+    trunk = Trunk(TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_scheme="mhc"))
+    assert isinstance(trunk.blocks[0].attn_res, PaperMHC)
+    assert isinstance(trunk.blocks[0].attn_res, ManifoldHyperConnections)
+    with pytest.raises(ValueError, match="mhc_variant"):
+        TrunkConfig(norm_scheme="mhc", mhc_variant="v3")
+
+
+@pytest.mark.parametrize("streams", [4, 3])
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])
+@pytest.mark.parametrize("norm_layer", ["layernorm", "rmsnorm", "dyt"])
+def test_paper_trunk_matches_reference(norm_layer, conditioned, streams):
+    """One projection of the flattened streams, rescaled after the matmul, the eps Sinkhorn, every weight random."""
+    check_against_reference(paper_trunk(norm_layer, conditioned, streams), conditioned)
+
+
+def test_paper_init_is_megatrons():
+    """Phi xavier-uniform over (n^2 + 2n) x nD, b = 0, a_pre = a_post = a_res = 0.01; no per-stream norm."""
+    n = 4
+    trunk = Trunk(TrunkConfig(dim=D, depth=L, num_heads=HEADS, norm_scheme="mhc"))
+    bound = math.sqrt(6 / (n * n + 2 * n + n * D))  # xavier-uniform: sqrt(6 / (fan_in + fan_out))
+    for blk in trunk.blocks:
+        for site in (blk.attn_res, blk.mlp_res):
+            assert site.hc_fn.shape == (n * n + 2 * n, n * D)
+            assert site.hc_fn.abs().max() <= bound and site.hc_fn.abs().max() > 0.9 * bound
+            assert torch.count_nonzero(site.hc_base) == 0
+            torch.testing.assert_close(site.hc_scale, torch.full((3,), 0.01), rtol=0, atol=0)
+            assert not hasattr(site, "norm_h")
+
+
+@torch.no_grad()
+def test_paper_weights_at_init_are_near_half_one_and_uniform():
+    """b = 0 and a = 0.01: H_pre = 1/2 + eps, H_post = 1, H_res = J / n, each moved by at most ~0.01 |m|."""
+    n = 4
+    trunk = Trunk(TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_scheme="mhc"))
+    site = trunk.blocks[0].mlp_res
+    x = torch.randn(BATCH, TOKENS, n, D)
+    _, pending = site.prepare(x)
+    assert pending.depth_conn.shape == (BATCH, TOKENS, n, n) and pending.depth_conn.dtype == torch.float32
+    torch.testing.assert_close(pending.depth_conn, torch.full_like(pending.depth_conn, 1 / n), atol=0.02, rtol=0)
+    torch.testing.assert_close(pending.write_conn, torch.ones_like(pending.write_conn), atol=0.05, rtol=0)
+    assert not torch.equal(pending.depth_conn, torch.full_like(pending.depth_conn, 1 / n))  # Phi is random
+
+
+@pytest.mark.parametrize("n", [4, 3])
+def test_paper_sinkhorn_is_deepseeks_with_eps_and_20_rounds(n):
+    """softmax + eps, columns, then 19 x (rows, columns), each over (sum + eps): the float64 hand loop to 1e-13;
+    19 or 21 rounds, or eps = 0, differ (the logits spread so convergence is slow)."""
+    z = 3 * torch.randn(BATCH, TOKENS, n, n, dtype=torch.float64)
+    cells = [[z[..., i, j] for j in range(n)] for i in range(n)]
+
+    def hand(iters: int, eps: float = HC_EPS) -> torch.Tensor:
+        m = paper_sinkhorn(cells, iters, eps)
+        return torch.stack([torch.stack(row, -1) for row in m], -2)
+
+    got = sinkhorn_eps(z)
+    torch.testing.assert_close(got, hand(20), atol=1e-13, rtol=0)
+    for other in (19, 21):
+        assert (got - hand(other)).abs().max() > 1e-8, other
+    assert (got - hand(20, 0.0)).abs().max() > 1e-9
+    assert (got.sum(-2) - 1).abs().max() < 1e-5  # columns normalized last
+    assert got.dtype == torch.float64 and sinkhorn_eps(z.float()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("form", ["mhcv2", "paper"])
+def test_recomputing_sinkhorn_has_autograds_gradient_and_keeps_one_tensor(form):
+    """SinkhornRounds' hand-written backward (rounds replayed, quotient rule) equals autograd through the plain
+    loop in float64, and its forward saves only its input: one n x n tensor per token, not 40."""
+    n = 4
+    z = torch.randn(BATCH, TOKENS, n, n, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(BATCH, TOKENS, n, n, dtype=torch.float64)
+
+    def plain(z: torch.Tensor) -> torch.Tensor:
+        if form == "mhcv2":
+            m = torch.exp(z - z.amax(dim=-2, keepdim=True).detach())
+            for _ in range(SINKHORN_ITERS):
+                m = m / m.sum(-2, keepdim=True)
+                m = m / m.sum(-1, keepdim=True)
+            return m
+        m = torch.softmax(z, -1) + HC_EPS
+        m = m / (m.sum(-2, keepdim=True) + HC_EPS)
+        for _ in range(SINKHORN_ITERS - 1):
+            m = m / (m.sum(-1, keepdim=True) + HC_EPS)
+            m = m / (m.sum(-2, keepdim=True) + HC_EPS)
+        return m
+
+    fn = sinkhorn_knopp if form == "mhcv2" else sinkhorn_eps
+    (expected,) = torch.autograd.grad(plain(z), z, g)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fn(z)
+    (got,) = torch.autograd.grad(out, z, g)
+    torch.testing.assert_close(out, plain(z), atol=1e-14, rtol=0)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    plain_saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: plain_saved.append(t) or t, lambda t: t):
+        plain(z)
+    assert len(plain_saved) >= 2 * 2 * SINKHORN_ITERS - 1  # each of the ~40 rounds keeps its input and divisor
+    assert len(saved) <= 4, len(saved)  # the logits, their max, the exp / softmax output and the rounds' input
+    assert torch.autograd.gradcheck(lambda z: fn(z, 3), (z.detach()[:1, :2].clone().requires_grad_(),))
+
+
+@torch.no_grad()
+def test_paper_weights_are_float32_under_bf16_autocast():
+    """float32 streams under bf16 autocast: the projection, rescale and Sinkhorn stay float32."""
+    trunk = paper_trunk().float()
+    site = trunk.blocks[0].mlp_res
+    x = 2 * torch.randn(BATCH, TOKENS, 4, D)
+    plain = site.prepare(x)[1]
+    with torch.autocast("cpu", torch.bfloat16):
+        auto = site.prepare(x)[1]
+    assert auto.depth_conn.dtype == auto.write_conn.dtype == torch.float32
+    assert torch.equal(auto.depth_conn, plain.depth_conn) and torch.equal(auto.write_conn, plain.write_conn)

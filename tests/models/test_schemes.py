@@ -20,7 +20,7 @@ from models import Trunk, TrunkConfig
 from models.norms import DyT
 from models.schemes import SCHEMES, NormScheme, get_scheme
 from tests.models import reference as ref
-from tests.models.reference_mhc import ref_mhc
+from tests.models.reference_mhc import ref_mhc_any
 
 D, L, HEADS, HIDDEN = 16, 3, 2, 24
 BATCH, TOKENS = 2, 5
@@ -63,6 +63,10 @@ def randomize(module: nn.Module) -> None:
             p.copy_(0.2 + 0.5 * torch.rand_like(p))
         elif leaf == "gain":  # siamese_hybrid's g
             p.copy_(1 + 0.3 * torch.randn_like(p))
+        elif leaf == "hc_base":  # paper-form mHC's b_pre, b_post, b_res
+            p.copy_(0.5 * torch.randn_like(p))
+        elif leaf == "hc_scale":  # its a_pre, a_post, a_res
+            p.copy_(0.2 + 0.5 * torch.rand_like(p))
         elif ".adaLN." in name:
             p.copy_(0.3 * torch.randn_like(p))
 
@@ -278,7 +282,7 @@ REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
     NormScheme.HYPER: ref_hyper,
     NormScheme.SIAMESE: ref_siamese,
     NormScheme.SIAMESE_HYBRID: ref_siamese_hybrid,
-    NormScheme.MHC: ref_mhc,
+    NormScheme.MHC: ref_mhc_any,
     NormScheme.LNS: ref_lns,
     NormScheme.REORDERED: ref_reordered,
 }
