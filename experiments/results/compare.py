@@ -3,6 +3,7 @@
     python -m experiments compare runs/lm/stability                              # rebuild the comparison
     python -m experiments compare runs/lm/stability --export docs/results/stability   # and copy it into the repo
     python -m experiments compare runs/vit/vit-tiny --baseline siamese   # print the cells paired against siamese
+    python -m experiments compare docs/results/stability --tables-only   # refresh an export's tables in place
 
 The headline table has one row per cell of the grid (scheme x overlay x lr x warmup): the sweep's metric
 as ``mean ± 95 % CI (n)`` over seeds, the paired difference to the spec's ``baseline`` scheme with its
@@ -109,7 +110,7 @@ class Comparison:
         return list(dict.fromkeys(r.get("seed") for r in self.table if r.get("seed") is not None))
 
     def notes(self) -> str:
-        return tables.notes(self.cells, self.baseline_loss, self.protocol_notes, self.baseline)
+        return tables.notes(self.cells, self.baseline_loss, self.protocol_notes, self.baseline, self.metric)
 
     def block(self, kind: str) -> str:
         """A README block: ``table`` (cells), ``pivot`` (scheme x axis), ``runs`` (per run) or ``notes``."""
@@ -140,6 +141,19 @@ def load_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str
     return Comparison(record, metric, record.get("baseline"), summaries, table, group(table), protocol_notes)
 
 
+def write_tables(sweep_dir: Path, comparison: Comparison) -> dict[str, Path]:
+    """Writes the text outputs only: ``comparison.md``, ``comparison.csv`` (per run), ``comparison_cells.csv``."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    out = {"markdown": sweep_dir / "comparison.md", "csv": sweep_dir / "comparison.csv"}
+    out["cells_csv"] = sweep_dir / CELLS_CSV
+    out["markdown"].write_text(comparison.markdown())
+    tables.write_runs_csv(out["csv"], comparison.table, comparison.metric)
+    out["cells_csv"].write_text(
+        tables.cells_csv(comparison.cells, comparison.metric, comparison.baseline, comparison.table)
+    )
+    return out
+
+
 def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str | None = None) -> dict[str, Path]:
     """Writes ``comparison.md``, ``comparison.csv`` (per run), ``comparison_cells.csv`` (per cell),
     ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png`` with several rates, ``depth_profiles.png``
@@ -151,12 +165,7 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
     """
     comparison = load_comparison(sweep_dir, names, metric)
     metric = comparison.metric
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    out = {"markdown": sweep_dir / "comparison.md", "csv": sweep_dir / "comparison.csv"}
-    out["cells_csv"] = sweep_dir / CELLS_CSV
-    out["markdown"].write_text(comparison.markdown())
-    tables.write_runs_csv(out["csv"], comparison.table, metric)
-    out["cells_csv"].write_text(tables.cells_csv(comparison.cells, metric, comparison.baseline, comparison.table))
+    out = write_tables(sweep_dir, comparison)
     out["curves"] = sweep_dir / "curves.png"
     title = plots.model_title(comparison.record, comparison.summaries, comparison.seeds, metric)
     plots.plot_curves(comparison.cells, comparison.summaries, out["curves"], title)
@@ -202,6 +211,12 @@ def main(argv: list[str] | None = None) -> None:
         help="only print the cells table paired seed by seed against SCHEME (e.g. a scheme without its DyT "
         "overlay) instead of the sweep's baseline; writes nothing",
     )
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="rewrite only comparison.md, comparison.csv and comparison_cells.csv from the summaries (no plots, no "
+        "TensorBoard layout): refreshes an export such as docs/results/stability, whose runs are not here",
+    )
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         raise SuiteError(f"{args.sweep_dir} is not a directory; valid: a sweep directory such as runs/lm/demo")
@@ -209,6 +224,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SuiteError(f"{args.sweep_dir} holds no sweep.yaml and no */summary.json; valid: a sweep directory")
     if args.baseline is not None:
         print(against(load_comparison(args.sweep_dir), args.baseline, args.export).block("table"), end="")
+        return
+    if args.tables_only:
+        if args.export is not None or args.baseline is not None:
+            raise SuiteError("--tables-only rewrites the directory's own tables; valid: without --export/--baseline")
+        for kind, p in write_tables(args.sweep_dir, load_comparison(args.sweep_dir)).items():
+            print(f"{kind:>14}: {p}")
         return
     if args.export is not None:  # refuse before writing anything
         check_target(args.export, args.sweep_dir, args.overwrite)

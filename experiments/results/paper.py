@@ -34,8 +34,8 @@ from experiments.reliability.errors import SuiteError
 from experiments.results.cells import OK, PRIMARY, Cell, varying_axes
 from experiments.results.compare import Comparison, load_comparison
 from experiments.results.runs import SWEEP_RECORD
-from experiments.results.stats import PairedComparison, estimate, paired
-from experiments.results.tables import fmt_estimate, fmt_p
+from experiments.results.stats import PairedComparison, estimate, paired, sensitivity
+from experiments.results.tables import fmt_amount, fmt_estimate, fmt_p
 
 KINDS = ("compare", "fail", "params", "measure")  # how a row is measured (see the paper file's header)
 FAILED = ("diverged", "stalled")
@@ -123,12 +123,49 @@ def verdict(versus: PairedComparison | None, better: str, alpha: float) -> str:
         return "not comparable"
     d, p = versus.difference, versus.p_t
     if versus.n < 2 or p is None or p >= alpha:
-        return f"inconclusive (n = {versus.n})"
+        return f"inconclusive (n = {versus.n})" + _what_would_settle(versus, alpha)
     expected = d.mean < 0 if better == "lower" else d.mean > 0
     return "holds" if expected else "does not"
 
 
-def _compare_line(comparison: Comparison, entry: dict, key: str, better: str, alpha: float) -> list[Line]:
+def _what_would_settle(versus: PairedComparison, alpha: float) -> str:
+    """``: would need ~12 seeds; below 0.19 undetectable``: the seeds the observed difference needs for a
+    p < ``alpha`` at 80 % power, and the smallest difference these pairs could show, from their paired spread."""
+    s = sensitivity(versus, alpha)
+    if s.detectable is None:
+        return "" if s.why == "one pair" else f": {s.why}, no t-test"
+    below = f"below {fmt_amount(s.detectable)} undetectable"
+    if s.needed is not None:
+        return f": would need ~{s.needed} seeds; {below}"
+    return f": {below}" + ("" if s.why == "no difference" else f", {s.why} seeds for this Δ")
+
+
+def _sampling_note(root: Path, row: dict, cell: Cell, ref: Cell, versus: PairedComparison) -> str:
+    """Where a test metric is measured on a finite sample (FID from 500 samples), how much of the paired spread
+    the sample count alone explains: the per-run standard deviations over resamples (``row["sampling"]``, a CSV
+    of ``run,std`` written from ``fid --bootstrap``) give the sampling variance of each paired difference
+    (var_a + var_b); against the observed paired variance it says whether samples or seeds dominate."""
+    path = root / row["sampling"]
+    if not path.is_file() or versus.n < 2 or not versus.difference.std:
+        return ""
+    with path.open(newline="") as f:
+        spread = {r["run"]: float(r["std"]) for r in csv.DictReader(f)}
+    runs = {side: {r.get("seed"): r["run"] for r in c.runs} for side, c in (("a", cell), ("b", ref))}
+    try:
+        variances = [spread[runs["a"][k]] ** 2 + spread[runs["b"][k]] ** 2 for k in versus.keys]
+    except KeyError:
+        return ""
+    sampling = math.sqrt(sum(variances) / len(variances))
+    share = sampling**2 / versus.difference.std**2
+    who = ("the sample count dominates" if share > 0.6 else "the seeds dominate" if share < 0.4
+           else "samples and seeds weigh about equally")  # fmt: skip
+    return (f"; SD of Δ from the sample count alone {fmt_amount(sampling)} of {fmt_amount(versus.difference.std)} "
+            f"({100 * min(share, 1.0):.0f} % of its variance): {who}")  # fmt: skip
+
+
+def _compare_line(
+    comparison: Comparison, entry: dict, key: str, better: str, alpha: float, sampled: tuple[Path, dict] | None = None
+) -> list[Line]:
     entry = dict(entry)
     versus_scheme = entry.pop("versus", None) or comparison.baseline
     cells = _matching(comparison.cells, entry)
@@ -161,6 +198,8 @@ def _compare_line(comparison: Comparison, entry: dict, key: str, better: str, al
         diff = fmt_estimate(result.difference, signed=True)
         p = fmt_p(result.p_t)
         tail = f"; Δ {diff}" + ("" if result.p_t is None else f", p {p}" if p.startswith("<") else f", p = {p}")
+        if sampled is not None:
+            tail += _sampling_note(*sampled, cell, ref, result)
         lines.append(Line(label, head + tail, verdict(result, better, alpha)))
     return lines
 
@@ -259,7 +298,8 @@ def measure_row(root: Path, row: dict, paper: dict) -> list[Line] | None:
     key = metric if metric.startswith("test/") or metric != comparison.metric else PRIMARY
     lines = []
     for entry in row["compare"]:
-        lines += _compare_line(comparison, entry, key, row["better"], float(paper.get("alpha", 0.05)))
+        sampled = (root, row) if isinstance(row.get("sampling"), str) else None
+        lines += _compare_line(comparison, entry, key, row["better"], float(paper.get("alpha", 0.05)), sampled)
     return [Line(ln.label, f"`{metric}`, {ln.text}" if i == 0 else ln.text, ln.verdict) for i, ln in enumerate(lines)]
 
 
@@ -289,7 +329,9 @@ def render(root: Path, path: str) -> str:
         "",
         f"Verdicts are computed from the exports ({path}): **holds** = the paired difference has the paper's sign "
         f"and the paired t-test's p < {alpha:g}; **does not** = the opposite sign with p < {alpha:g}; "
-        "**inconclusive** = neither (with 3 seeds only a consistent, large gap clears it); overhead rows compare "
+        "**inconclusive** = neither, followed by what would settle it: the seeds the observed Δ would need to reach "
+        f"p < {alpha:g} with 80 % power, and the smallest Δ these seeds could detect with that power (both from the "
+        "paired standard deviation; noncentral t); overhead rows compare "
         "the measured change with the paper's, a step time only where its interquartile range and Pre-Norm's do not "
         "overlap. An export is written by `python -m experiments compare "
         "runs/<task>/<name> --export docs/results/<name>` after the command's sweep.",

@@ -15,7 +15,17 @@ import math
 from pathlib import Path
 
 from experiments.results.cells import AXES, PRIMARY, STATUS_ORDER, Cell, CellStats, cell_stats, varying_axes
-from experiments.results.stats import CI_NAME, Estimate, PairedComparison, sign_flip_floor
+from experiments.results.stats import (
+    ALPHA,
+    CI_NAME,
+    MAX_SEEDS,
+    POWER,
+    Estimate,
+    PairedComparison,
+    Sensitivity,
+    sensitivity,
+    sign_flip_floor,
+)
 
 STALL_RATIO = 0.9  # stalled: final val loss > 90 % of the context-free baseline
 RUN_COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", PRIMARY, "diverged", "spikes",
@@ -87,6 +97,21 @@ def fmt_p(p: float | None) -> str:
     if p is None:
         return "-"
     return "< 0.001" if p < 0.001 else f"{p:.2g}"
+
+
+def fmt_amount(value: float) -> str:
+    """A positive amount to two significant digits (``0.19``, ``12``, ``140``): a detectable difference."""
+    return f"{value:.0f}" if value >= 100 else f"{value:#.2g}".rstrip(".")
+
+
+def fmt_sensitivity(s: Sensitivity) -> str:
+    """``0.19 / ~7 seeds``: the smallest difference the pairs could detect, then the seeds the observed
+    difference would need; or why they are undefined (``one pair``, ``no spread``)."""
+    if s.detectable is None:
+        return "one pair, no test" if s.why == "one pair" else f"{s.why}: no t-test"
+    needed = f"~{s.needed} seeds" if s.needed is not None else (
+        "no difference to detect" if s.why == "no difference" else f"> {MAX_SEEDS} seeds")  # fmt: skip
+    return f"{fmt_amount(s.detectable)} / {needed}"
 
 
 def fmt_status_counts(cell: Cell) -> str:
@@ -223,8 +248,38 @@ def runs_markdown(table: list[dict], metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def notes(cells: list[Cell], baseline_loss: float | None, protocol_notes: list[str], baseline: str | None) -> str:
-    """What the numbers mean: interval, tests, the stall line, the test protocols."""
+def sensitivity_note(cells: list[Cell], metric: str, baseline: str | None) -> str | None:
+    """One line: for every cell paired with the baseline, the smallest difference its pairs could detect and
+    the seeds its observed difference would need (:func:`experiments.results.stats.sensitivity`); None when no
+    cell has a paired comparison."""
+    if not baseline:
+        return None
+    axes = [a for a in varying_axes(cells) if a != "scheme"]
+    entries = []
+    for s in cell_stats(cells, PRIMARY, baseline, metric):
+        if s.is_baseline or s.versus is None:
+            continue
+        where = ", ".join(f"{a} {_coordinate(s.cell, a)}" for a in axes if s.cell.coords.get(a) is not None)
+        label = ", ".join(x for x in (s.cell.scheme, where) if x)
+        pairs = "" if s.value is not None and s.versus.n == s.value.n else f" ({s.versus.n} pairs)"
+        entries.append(f"{label}{pairs}: {fmt_sensitivity(sensitivity(s.versus))}")
+    if not entries:
+        return None
+    power = f"{POWER * 100:.0f} %"
+    return (f"Evidence of each Δ (detectable / seeds needed): the smallest true difference the paired t-test "
+            f"(two-sided, alpha {ALPHA:g}) finds with {power} power from these pairs at their paired standard "
+            "deviation, and the seeds the observed Δ would need for that power: "
+            + "; ".join(entries) + ".")  # fmt: skip
+
+
+def notes(
+    cells: list[Cell],
+    baseline_loss: float | None,
+    protocol_notes: list[str],
+    baseline: str | None,
+    metric: str | None = None,
+) -> str:
+    """What the numbers mean: interval, tests, each comparison's evidence, the stall line, the test protocols."""
     n_max = max((len(c.values()) for c in cells), default=0)
     if n_max < 2:
         out = ["One finished run per cell (n = 1): each value stands alone, with no interval and no paired test; "
@@ -238,6 +293,8 @@ def notes(cells: list[Cell], baseline_loss: float | None, protocol_notes: list[s
             out.append(f"Δ = scheme - {baseline}, paired by seed over seeds where both finished; two-sided p-values "
                        "of the paired t-test and of the exact sign-flip permutation test, whose smallest possible "
                        f"value with n = {n_max} pairs is {sign_flip_floor(n_max):.2g}.")  # fmt: skip
+            if metric is not None and (evidence := sensitivity_note(cells, metric, baseline)):
+                out.append(evidence)
     if any(k.startswith(ROUTING_PREFIX) for c in cells for r in c.runs for k in r):
         out.append("MoE routing at the last validation (means over its batches): `val/moe_aux` = load-balancing "
                    "loss summed over the MoE layers (1 per layer for a uniform router), `val/moe_entropy` = "
@@ -283,7 +340,8 @@ def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[
     axes += list(dict.fromkeys(k for c in cells for k in c.coords if k not in axes))
     metrics = {PRIMARY: metric, **{m: m for m in routing_metrics(table) + tested_metrics(table) if m != metric}}
     fields = ["n", "mean", "std", "ci_low", "ci_high"]
-    paired_fields = ["diff_n", "diff_mean", "diff_ci_low", "diff_ci_high", "p_paired_t", "p_sign_flip"]
+    paired_fields = ["diff_n", "diff_mean", "diff_ci_low", "diff_ci_high", "p_paired_t", "p_sign_flip", "diff_std",
+                     "detectable_diff", "seeds_needed", "evidence"]  # fmt: skip
     header = [*axes, *STATUS_ORDER]
     for name in metrics.values():  # the table's text first (``mean ± CI (n)``), then the numbers
         header += [name] + (["Δ " + name] if baseline else [])
@@ -305,6 +363,11 @@ def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[
             if baseline:
                 v = s.versus
                 d = v.difference if v else None
-                row += [v.n, d.mean, d.low, d.high, v.p_t, v.p_sign_flip] if v else [0, "", "", "", "", ""]
+                if v:
+                    e_v = sensitivity(v)
+                    row += [v.n, d.mean, d.low, d.high, v.p_t, v.p_sign_flip, e_v.std, e_v.detectable, e_v.needed,
+                            fmt_sensitivity(e_v)]  # fmt: skip
+                else:
+                    row += [0, "", "", "", "", "", "", "", "", ""]
         writer.writerow(["" if x is None else x for x in row])
     return out.getvalue()

@@ -180,6 +180,35 @@ def test_cells_show_mean_ci_n_and_the_paired_difference_with_scipys_values(tmp_p
     assert cells[1]["val/loss"] == rows[3][1] and cells[1]["Δ val/loss"] == rows[3][2]  # the markdown's text
 
 
+def test_every_paired_cell_says_what_its_seeds_could_detect_and_how_many_its_difference_needs(tmp_path: Path):
+    """siamese - pre = -0.018, -0.023, -0.008: mean -0.01633, paired sd 0.007638, effect 2.14 sd. statsmodels 0.15.0
+    TTestPower (two-sided, alpha 0.05, power 0.8): solve_power(nobs=3) = 3.2640 sd, so 0.0249 is detectable;
+    solve_power(effect_size=2.1385) = 3.98 pairs, so 4 seeds. post's seed 3 diverged: 2 pairs, +0.011 / +0.009,
+    sd 0.001414, effect 7.07 sd; with 2 pairs 11.55 sd are needed (0.0163), at 3 pairs 3.26: 3 seeds."""
+    post, statuses = [1.541, 1.570, None], ["finished", "finished", "diverged"]
+    offset = [v + 0.01 for v in PRE]  # every seed exactly +0.01: no spread, no t-test
+    runs = seeded("pre", PRE) + seeded("siamese", SIAMESE) + seeded("post", post, statuses) + seeded("hybrid", offset)
+    write_sweep(tmp_path, runs + seeded("mixln", [1.6, None, None], ["finished", "diverged", "diverged"]))
+    out = Tables(tmp_path)
+    evidence = next(line for line in out.markdown.splitlines() if line.startswith("Evidence of each Δ"))
+    assert "paired t-test (two-sided, alpha 0.05) finds with 80 % power" in evidence
+    assert evidence.endswith(": siamese: 0.025 / ~4 seeds; post: 0.016 / ~3 seeds; hybrid: no spread: no t-test; "
+                             "mixln: one pair, no test.")  # fmt: skip
+    by_scheme = {row["scheme"]: row for row in out.cells_csv}
+    siamese = by_scheme["siamese"]
+    assert float(siamese["val/loss diff_std"]) == pytest.approx(0.007637626158259813, rel=1e-9)
+    assert float(siamese["val/loss detectable_diff"]) == pytest.approx(3.264043552819638 * 0.007637626158259813,
+                                                                       rel=1e-6)  # fmt: skip
+    assert siamese["val/loss seeds_needed"] == "4" and siamese["val/loss evidence"] == "0.025 / ~4 seeds"
+    assert by_scheme["post"]["val/loss diff_n"] == "2" and by_scheme["post"]["val/loss seeds_needed"] == "3"
+    assert float(by_scheme["post"]["val/loss detectable_diff"]) == pytest.approx(11.549889754978167 * 0.002 / 2**0.5,
+                                                                                 rel=1e-6)  # fmt: skip
+    assert by_scheme["hybrid"]["val/loss detectable_diff"] == "" and by_scheme["hybrid"]["val/loss seeds_needed"] == ""
+    assert by_scheme["pre"]["val/loss evidence"] == ""  # the baseline is not compared with itself
+    pivot = compare.load_comparison(tmp_path).block("pivot")
+    assert evidence in pivot  # the pivot's notes carry the same line
+
+
 def test_compare_against_another_baseline_prints_the_pairs_and_writes_nothing(tmp_path: Path, capsys):
     """``--baseline siamese``: each cell paired with SiameseNorm's runs (e.g. a scheme against itself plus DyT)."""
     post = [1.541, 1.570, 1.533]

@@ -53,6 +53,10 @@ def three_seeds(pre: list[float], siamese: list[float]) -> dict:
 
 
 PRE = [2.0, 2.1, 2.2]
+# "mixed": Δ -0.20, +0.10, -0.05, mean -0.05, paired sd 0.15 (deviations -0.15, +0.15, 0): effect 1/3 sd.
+# statsmodels 0.15.0 TTestPower (two-sided, alpha 0.05, power 0.8): solve_power(effect_size=1/3) = 72.58 pairs, so
+# 73 seeds; solve_power(nobs=3) = 3.2640 sd, so 3.264 x 0.15 = 0.49 is the smallest detectable difference.
+MIXED_VERDICT = "inconclusive (n = 3): would need ~73 seeds; below 0.49 undetectable"
 EXPORTS = {
     "better": three_seeds(PRE, [1.80, 1.92, 2.00]),  # Δ -0.20, -0.18, -0.20: lower on every seed
     "worse": three_seeds(PRE, [2.20, 2.31, 2.39]),  # Δ +0.20, +0.21, +0.19
@@ -114,7 +118,7 @@ def root(tmp_path: Path) -> Path:
 def test_verdicts_follow_the_paired_difference(root: Path):
     rows = table_rows(paper.render(root, "paper.yaml"))
     assert [r[3] for r in rows.values()] == [
-        "holds", "does not", "inconclusive (n = 3)", "not measured yet", "holds"  # one of them diverged
+        "holds", "does not", MIXED_VERDICT, "not measured yet", "holds"  # one of them diverged
     ] == [rows[c][3] for c in ("a holds", "a does not", "an inconclusive", "a missing", "failures")]  # fmt: skip
     better = rows["a holds"][1]
     p = paired_t_p([-0.20, -0.18, -0.20])
@@ -151,6 +155,23 @@ def test_test_metric_rows_pair_within_one_protocol(tmp_path: Path):
     data = json.loads(summary.read_text())
     summary.write_text(json.dumps({**data, "test_protocol": {"samples": 1000}}))  # one run measured otherwise
     assert table_rows(paper.render(tmp_path, "paper.yaml"))["vit"][3] == "not comparable"
+
+
+def test_a_sampled_metric_says_whether_samples_or_seeds_dominate(root: Path):
+    spread = root / "spread.csv"
+    # every run's metric has a sampling std of 0.1: each paired difference has a sampling variance of 0.02,
+    # against the observed paired variance 0.15^2 = 0.0225: 89 %, so the sample count dominates
+    spread.write_text("run,std\n" + "".join(f"{s}-s{i},0.1\n" for s in ("pre", "siamese") for i in (1, 2, 3)))
+    write_paper(root, [row("sampled", export="docs/results/mixed", better="lower", compare=[{"scheme": "siamese"}],
+                           sampling="spread.csv")])  # fmt: skip
+    measured = table_rows(paper.render(root, "paper.yaml"))["sampled"][1]
+    assert measured.endswith("; SD of Δ from the sample count alone 0.14 of 0.15 (89 % of its variance): the sample "
+                             "count dominates")  # fmt: skip
+    spread.write_text("run,std\n" + "".join(f"{s}-s{i},0.05\n" for s in ("pre", "siamese") for i in (1, 2, 3)))
+    measured = table_rows(paper.render(root, "paper.yaml"))["sampled"][1]  # 0.005 / 0.0225 = 22 %
+    assert measured.endswith("alone 0.071 of 0.15 (22 % of its variance): the seeds dominate")
+    spread.write_text("run,std\npre-s1,0.1\n")  # a run without its spread: nothing claimed
+    assert "sample count" not in table_rows(paper.render(root, "paper.yaml"))["sampled"][1]
 
 
 def test_overhead_rows_from_the_presets_and_a_bench_export(tmp_path: Path):
