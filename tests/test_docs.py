@@ -1,8 +1,10 @@
 """What the docs point at exists: no file outside the repository, every linked file, every named config,
-script and make target, every ``python -m experiments`` command."""
+script and make target, every ``python -m experiments`` command and every ``python -m`` module, on README and
+on every docs page; README stays a landing page whose map reaches every page."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -48,12 +50,58 @@ def test_every_linked_and_named_file_exists(doc: Path):
     assert not missing, f"{doc.name} names files that do not exist: {sorted(set(missing))}"
 
 
-def test_every_make_target_and_command_the_readme_names_exists():
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_make_target_and_command_a_page_names_exists(doc: Path):
     from experiments.__main__ import LIGHTNING_COMMANDS, TOOLS
 
-    text = (ROOT / "README.md").read_text()
+    text = doc.read_text()
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([\w-]+):", makefile, re.M))
     assert set(re.findall(r"\bmake ([a-z][\w-]*)", text)) <= targets
     commands = set(re.findall(r"python -m experiments ([a-z][\w-]*)", text))
-    assert commands and commands <= set(LIGHTNING_COMMANDS) | set(TOOLS), commands - set(TOOLS)
+    assert commands <= set(LIGHTNING_COMMANDS) | set(TOOLS), commands - set(LIGHTNING_COMMANDS) - set(TOOLS)
+    modules = set(re.findall(r"python -m ([a-z_][\w.]*)", text)) - {"pytest"}
+    missing = sorted(m for m in modules if importlib.util.find_spec(m) is None)
+    assert not missing, f"{doc.name} runs modules that do not exist: {missing}"
+
+
+def test_the_readme_names_its_commands_and_shows_the_paper_table():
+    text = (ROOT / "README.md").read_text()
+    assert set(re.findall(r"python -m experiments ([a-z][\w-]*)", text)) >= {"fit", "test", "sweep", "compare"}
+    head = text.split("\n## ")[1]  # the first section: the two commands and what they do
+    assert head.startswith("Two commands") and "make demo" in head and "make test" in head
+    assert "<!-- results:docs/results/paper.yaml:paper -->" in text
+
+
+def test_the_readme_is_a_landing_page_one_link_from_every_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    linked = {target.split("#")[0] for target in re.findall(r"\]\((docs/[^)\s]+\.md)(?:#[^)]*)?\)", text)}
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert pages <= linked, f"docs pages README does not link: {sorted(pages - linked)}"
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped (hyphens and underscores kept), spaces
+    to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def headings(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a "# comment" in a code block is no heading
+    return {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_link_to_a_section_lands_on_a_heading(doc: Path):
+    assert github_anchor("Paper numbers next to this suite's") == "paper-numbers-next-to-this-suites"
+    assert github_anchor("Generation metrics (the DiT protocol)") == "generation-metrics-the-dit-protocol"
+    wrong = []
+    for target in re.findall(r"\]\(([^)\s]*#[^)\s]+)\)", doc.read_text()):
+        if target.startswith("http"):
+            continue
+        path, anchor = target.split("#", 1)
+        page = doc if not path else doc.parent / path
+        if page.is_file() and anchor not in headings(page):
+            wrong.append(target)
+    assert not wrong, f"{doc.name} links to sections that do not exist: {wrong}"
