@@ -5,7 +5,9 @@
     DIR/modeling_suite_lm.py         generated from models/wrappers/hf_lm.py and every models/ module it uses
     DIR/model.safetensors            the run's weights under ``model.`` (tied head stored once)
     DIR/generation_config.json       the run's predict sampling (temperature, top_k), no cache
-    DIR/tokenizer.json, tokenizer_config.json   the run's tokenizer for AutoTokenizer (no remote code)
+    DIR/tokenizer.json, tokenizer_config.json   the run's tokenizer: PreTrainedTokenizerFast.from_pretrained(DIR)
+                                     loads it silently with no remote code (AutoTokenizer reads config.json
+                                     first, whose auto_map asks about remote code)
 
 transformers' own conventions write the folder: the generated classes are imported from a scratch
 package, ``register_for_auto_class`` marks them, and ``save_pretrained`` copies their files and writes
@@ -30,7 +32,7 @@ from transformers import GenerationConfig
 from experiments.evaluation.downstream.checkpoint import run_tokenizer
 from experiments.reliability.errors import SuiteError
 from experiments.sharing.checkpoint import RunCheckpoint
-from experiments.sharing.hf_tokenizer import PROBE_TEXT, special_ids, to_transformers
+from experiments.sharing.hf_tokenizer import PROBE_TEXT, probe_text, special_ids, to_transformers
 from experiments.sharing.isolated import Reloaded, ReloadFailed, reload_exports
 from experiments.sharing.report import ExportOptions, ExportReport
 from experiments.sharing.source import bundle
@@ -126,12 +128,21 @@ def write(net: LanguageModel, run: RunCheckpoint, tokenizer, folder: Path, scrat
     to_transformers(tokenizer, net.max_seq_len).save_pretrained(folder)
 
 
+def decode_probes(net: LanguageModel) -> list[list[int]]:
+    """Id lists whose decoding must agree: every single id below 256 (each byte, for bytes), and random runs
+    that cut characters apart (U+FFFD where they do) and mix in the end-of-text id."""
+    gen = torch.Generator().manual_seed(1)
+    runs = [torch.randint(0, net.vocab_size, (24,), generator=gen).tolist() for _ in range(8)]
+    return [[i] for i in range(min(256, net.vocab_size))] + runs + [[196, 0, 128, 104, 195, 169][: net.vocab_size]]
+
+
 def check_inputs(net: LanguageModel, tokenizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """Random ids over the whole window (batch 2) and a prompt from the probe text."""
+    """Random ids over the whole window (batch 2), a prompt from the probe text, and the id lists to decode."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, net.vocab_size, (2, min(net.max_seq_len, 64)), generator=gen)
     prompt = torch.tensor([tokenizer.encode(PROBE_TEXT)[: max(1, min(8, net.max_seq_len // 2))]])
-    return {"ids": ids, "prompt": prompt}, {"max_new_tokens": CHECK_TOKENS, "text": PROBE_TEXT}
+    request = {"max_new_tokens": CHECK_TOKENS, "text": probe_text(tokenizer), "decode": decode_probes(net)}
+    return {"ids": ids, "prompt": prompt}, request
 
 
 def compare(net: LanguageModel, tokenizer, inputs: dict[str, torch.Tensor], reloaded: Reloaded) -> list[str]:
@@ -148,14 +159,24 @@ def compare(net: LanguageModel, tokenizer, inputs: dict[str, torch.Tensor], relo
     ends_early = len(got) < greedy.shape[1] and eos is not None and got[-1] == eos  # generate stops at end-of-text
     if got != greedy[0, : len(got)].tolist() or (len(got) < greedy.shape[1] and not ends_early):
         raise ReloadFailed(f"greedy generate gave {got}, the suite's generate {greedy[0].tolist()}")
-    text_ids = out["text_ids"].tolist()
-    if text_ids != tokenizer.encode(PROBE_TEXT):
-        raise ReloadFailed(f"AutoTokenizer gives other ids than the run's {tokenizer.kind} tokenizer on {PROBE_TEXT!r}")
+    text = probe_text(tokenizer)
+    for route, key in (("PreTrainedTokenizerFast", "text_ids"), ("AutoTokenizer", "auto_text_ids")):
+        if key in out and out[key].tolist() != tokenizer.encode(text):
+            raise ReloadFailed(f"{route} gives other ids than the run's {tokenizer.kind} tokenizer on {text!r}")
+    probes = decode_probes(net)
+    for route, key in (("PreTrainedTokenizerFast", "decoded"), ("AutoTokenizer", "auto_decoded")):
+        for ids, got_text in zip(probes, reloaded.result.get(key, []), strict=False):
+            if got_text != tokenizer.decode(ids):
+                raise ReloadFailed(
+                    f"{route} decodes {ids} as {got_text!r}, the run's {tokenizer.kind} tokenizer as "
+                    f"{tokenizer.decode(ids)!r}"
+                )
     shape = "x".join(map(str, inputs["ids"].shape))
     return [
         f"logits on {shape} random ids: max |diff| {diff:.1e} (float32, tolerance {LOGIT_TOLERANCE:g})",
         f"greedy generate: {len(got) - inputs['prompt'].shape[1]} tokens equal to the suite's LanguageModel.generate",
-        f"AutoTokenizer ({reloaded.result['tokenizer_class']}): the run's {tokenizer.kind} ids on a probe text",
+        f"PreTrainedTokenizerFast and AutoTokenizer ({reloaded.result['tokenizer_class']}): the run's "
+        f"{tokenizer.kind} ids on a mixed-script probe text and its texts for {len(probes)} id lists",
     ]
 
 
@@ -170,9 +191,9 @@ def export(run: RunCheckpoint, folder: Path, scratch: Path, options: ExportOptio
     net = run.network()
     write(net, run, tokenizer, folder, scratch)
     usage = (
-        "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast\n\n"
         'model = AutoModelForCausalLM.from_pretrained("DIR", trust_remote_code=True)\n'
-        'tokenizer = AutoTokenizer.from_pretrained("DIR")\n'
+        'tokenizer = PreTrainedTokenizerFast.from_pretrained("DIR")  # transformers\' own class, no remote code\n'
         'ids = tokenizer("In the beginning", return_tensors="pt").input_ids\n'
         "print(tokenizer.decode(model.generate(ids, max_new_tokens=50)[0]))"
     )

@@ -7,7 +7,7 @@ from the suite. ``JOB.json``: ``{"format": "hf" | "timm" | "diffusers", "items":
 ``inputs.safetensors`` and ``request.json`` and receives ``outputs.safetensors`` (what the loaded model
 computed) and ``result.json`` (load time, classes, and whether the suite was importable: it must not be)::
 
-    hf         AutoModelForCausalLM / AutoTokenizer.from_pretrained   -> logits, greedy generate, token ids
+    hf         AutoModelForCausalLM, PreTrainedTokenizerFast / AutoTokenizer -> logits, greedy generate, ids, texts
     timm       import <code>; timm.create_model("local-dir:...")      -> logits, resolve_data_config +
                                                                          create_transform of a PNG
     diffusers  DiffusionPipeline.from_pretrained(trust_remote_code)   -> samples for labels and seeds
@@ -28,18 +28,26 @@ from safetensors.torch import load_file, save_file
 
 
 def check_hf(folder: Path, inputs: dict[str, torch.Tensor], request: dict) -> tuple[dict, dict]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The model through AutoModelForCausalLM; the tokenizer both ways a user loads it: the card's
+    ``PreTrainedTokenizerFast.from_pretrained`` (no config.json, no remote code, silent) and ``AutoTokenizer``
+    as lm-eval's ``hf`` model calls it; each must encode the text and decode every id list alike."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     load_s = time.perf_counter() - start
+    auto = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     with torch.no_grad():
         logits = model(inputs["ids"]).logits
         generated = model.generate(inputs["prompt"], max_new_tokens=request["max_new_tokens"], do_sample=False)
     text_ids = torch.tensor(tokenizer(request["text"])["input_ids"], dtype=torch.long)
-    outputs = {"logits": logits.float(), "generated": generated, "text_ids": text_ids}
-    return outputs, {"load_s": load_s, "model_class": type(model).__name__, "tokenizer_class": type(tokenizer).__name__}
+    auto_ids = torch.tensor(auto(request["text"])["input_ids"], dtype=torch.long)
+    decoded = [tokenizer.decode(ids) for ids in request.get("decode", [])]
+    auto_decoded = [auto.decode(ids) for ids in request.get("decode", [])]
+    outputs = {"logits": logits.float(), "generated": generated, "text_ids": text_ids, "auto_text_ids": auto_ids}
+    info = {"load_s": load_s, "model_class": type(model).__name__, "tokenizer_class": type(tokenizer).__name__}
+    return outputs, info | {"decoded": decoded, "auto_decoded": auto_decoded}
 
 
 def check_timm(folder: Path, inputs: dict[str, torch.Tensor], request: dict) -> tuple[dict, dict]:

@@ -13,8 +13,10 @@ error. ``loglikelihood_rolling`` uses the harness's rolling windows; ``generate_
 request at a time (our model has no padding mask), greedy unless the task asks for sampling.
 
 Special tokens (the suite's LMs train on raw text without them): end-of-text is the tokenizer's declared
-one, else id 0 (it stops generation); the token an empty context or a rolling window starts from
-(``prefix_token_id``) is that end-of-text when declared, else the newline token, the corpus' separator.
+one, else id 0 (NUL for bytes; it stops generation). The token an empty context or a rolling window starts
+from (``prefix_token_id``) is that same end-of-text token: the convention of lm-eval's own ``hf`` model on an
+export (it starts from the tokenizer's BOS, else its EOS; an export declares end-of-text as EOS and no BOS),
+so ``lm-eval`` on a checkpoint and ``lm_eval --model hf`` on its export give the same loglikelihoods.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class SuiteLM(TemplateLM):
         self.max_gen_toks = int(max_gen_toks)
         declared = end_of_text_id(tokenizer)
         self._eot = 0 if declared is None else declared
-        self._prefix = declared if declared is not None else tokenizer.encode("\n")[-1]
+        self._prefix = self._eot  # as lm-eval's hf model on the export: its EOS (see the module docstring)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> SuiteLM:

@@ -13,8 +13,9 @@ import torch
 
 from datamodules.text.tokenizers import BPETokenizer, ByteTokenizer
 from experiments.sharing import hf
+from experiments.sharing.card import write_card
 from experiments.sharing.checkpoint import read_run_checkpoint
-from experiments.sharing.hf_tokenizer import PROBE_TEXT
+from experiments.sharing.hf_tokenizer import PROBE_TEXT, probe_text
 from experiments.sharing.isolated import Reloaded, ReloadFailed, reload_exports
 from experiments.sharing.report import ExportOptions
 from experiments.tasks import LanguageModeling, OptimConfig
@@ -41,7 +42,7 @@ def lm_exports(tmp_path_factory) -> tuple[Path, dict]:
         options = ExportOptions(tokenizer=root / "bpe" if name == "moe" else None, check=False)
         folder = root / "exports" / name
         folder.mkdir(parents=True)
-        hf.export(run, folder, root / "scratch" / name, options)
+        write_card(run, hf.export(run, folder, root / "scratch" / name, options), folder)
         exports[name] = (module, tokenizer, folder)
     return root, exports
 
@@ -90,7 +91,12 @@ def test_logits_greedy_generate_and_token_ids_equal_the_suites(name, lm_exports,
     hp = module.hparams  # predict's settings (temperature 0: greedy)
     predicted = module.net.generate(inputs["prompt"], hf.CHECK_TOKENS, hp.temperature, hp.top_k)
     assert reloaded.outputs["generated"].tolist() == predicted.tolist()
-    assert reloaded.outputs["text_ids"].tolist() == tokenizer.encode(PROBE_TEXT)
+    text = probe_text(tokenizer)  # the probe with NUL / the end-of-text string inside
+    assert PROBE_TEXT in text
+    assert reloaded.outputs["text_ids"].tolist() == tokenizer.encode(text)
+    assert reloaded.outputs["auto_text_ids"].tolist() == tokenizer.encode(text)
+    assert reloaded.result["decoded"] == [tokenizer.decode(ids) for ids in hf.decode_probes(module.net)]
+    assert reloaded.result["auto_decoded"] == reloaded.result["decoded"]
     assert len(hf.compare(module.net, tokenizer, inputs, reloaded)) == 3  # the export command's own check passes
 
 
@@ -104,6 +110,13 @@ def test_the_check_fails_on_a_difference(lm_exports, lm_reloaded):
     other[0, -1] = (other[0, -1] + 1) % 256
     with pytest.raises(ReloadFailed, match="greedy generate"):
         hf.compare(module.net, tokenizer, inputs, Reloaded({**reloaded.outputs, "generated": other}, reloaded.result))
+    wrong_ids = reloaded.outputs["auto_text_ids"].clone()
+    wrong_ids[0] = 0  # e.g. a character taken for the end-of-text token
+    with pytest.raises(ReloadFailed, match="AutoTokenizer gives other ids"):
+        hf.compare(module.net, tokenizer, inputs, Reloaded({**reloaded.outputs, "auto_text_ids": wrong_ids}, reloaded.result))
+    decoded = [*reloaded.result["decoded"][:-1], "?"]
+    with pytest.raises(ReloadFailed, match="PreTrainedTokenizerFast decodes"):
+        hf.compare(module.net, tokenizer, inputs, Reloaded(reloaded.outputs, {**reloaded.result, "decoded": decoded}))
 
 
 def test_lm_eval_hf_model_scores_a_local_task_as_suite_lm(lm_exports, tmp_path, monkeypatch):
@@ -161,3 +174,78 @@ def test_an_export_starts_a_suite_run_again(lm_exports):
     with pytest.raises(ValueError, match=r"does not fit this model: depth: 2 in the export, 3 here") as err:
         wrong.setup("fit")
     assert "\n" not in str(err.value)
+
+
+# Every character whose UTF-8 is one byte or that byte-level BPE uses as a byte's symbol (U+0100 "Ā" ...),
+# and a mixed-script text with NUL and the end-of-text string inside.
+MIXED = "ASCII, Latin-1 ßÿé, Ā ĀĊ Ġ, 日本語, 🙂👍🏽, NUL\x00here, \x00\x00 and \x01\x7f\r\n"
+
+
+def test_the_byte_tokenizer_export_gives_the_suites_ids_both_ways(tmp_path):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from experiments.sharing.hf_tokenizer import to_transformers
+
+    suite = ByteTokenizer()
+    to_transformers(suite, 32).save_pretrained(tmp_path)
+    loaded = {
+        "in process": to_transformers(suite, 32),
+        "PreTrainedTokenizerFast": PreTrainedTokenizerFast.from_pretrained(tmp_path),
+        "AutoTokenizer": AutoTokenizer.from_pretrained(tmp_path),  # (no config.json here: nothing to ask)
+    }
+    texts = [chr(b) for b in range(256)] + list(bytes_to_unicode().values()) + [MIXED]
+    for route, exported in loaded.items():
+        for text in texts:
+            assert exported(text)["input_ids"] == suite.encode(text), (route, text)
+        for b in range(256):  # every id alone: a byte of a character cut apart decodes as U+FFFD, as the suite's
+            assert exported.decode([b]) == suite.decode([b]), (route, b)
+        ids = suite.encode(MIXED)
+        for cut in range(0, len(ids), 3):  # windows starting mid-character
+            assert exported.decode(ids[cut:]) == suite.decode(ids[cut:]), (route, cut)
+        assert exported.eos_token_id == 0 and exported.pad_token_id == 0 and exported.bos_token_id is None
+
+
+def test_the_cards_tokenizer_route_loads_silently_without_remote_code(lm_exports):
+    """The card's ``PreTrainedTokenizerFast.from_pretrained(DIR)`` in a fresh interpreter without a terminal:
+    no question about custom code, no warning, the suite's ids on the mixed text."""
+    import subprocess
+
+    _, exports = lm_exports
+    folder = exports["pre"][2]
+    code = (
+        "import sys; from transformers import PreTrainedTokenizerFast\n"
+        "t = PreTrainedTokenizerFast.from_pretrained(sys.argv[1])\n"
+        "print(t(sys.argv[2])['input_ids'])"
+    )
+    card = (folder / "README.md").read_text()
+    assert "tokenizer = PreTrainedTokenizerFast.from_pretrained(" in card and "AutoTokenizer.from_pretrained(" not in card
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(folder.parent / "home")}
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(folder), MIXED.replace("\x00", "")[:24]],
+        capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "" and "custom code" not in done.stdout
+    assert json.loads(done.stdout) == ByteTokenizer().encode(MIXED.replace("\x00", "")[:24])
+
+
+def test_lm_eval_hf_model_gives_the_suites_rolling_loglikelihoods(lm_exports, tmp_path, monkeypatch):
+    """One perplexity convention: lm-eval's ``hf`` model on the export and the suite's adapter on the network
+    score each document from the same token (the end-of-text), so the byte perplexities agree."""
+    import transformers.dynamic_module_utils as dynamic
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from experiments.evaluation.downstream.harness import SuiteLM
+
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    module, tokenizer, folder = lm_exports[1]["siamese"]
+    docs = ["In the beginning God created the heaven and the earth.", "Ā and ü: 日本 🙂", "x" * 70, "\nAnd"]
+    requests = [Instance("loglikelihood_rolling", {}, (doc,), i) for i, doc in enumerate(docs)]
+    hf_model = HFLM(pretrained=str(folder), trust_remote_code=True, backend="causal", device="cpu", batch_size=2)
+    suite = SuiteLM(module.net, tokenizer, batch_size=2, device="cpu")
+    assert hf_model.prefix_token_id == suite.prefix_token_id == 0
+    got = torch.tensor(hf_model.loglikelihood_rolling(requests, disable_tqdm=True), dtype=torch.float64)
+    want = torch.tensor(suite.loglikelihood_rolling(requests, disable_tqdm=True), dtype=torch.float64)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
