@@ -1,7 +1,8 @@
 """The export's model card (``README.md``): what was trained, how, and every test number with its protocol.
 
     ---                                  YAML front matter, the Hub's metadata: library_name, tags (the
-    library_name / tags                  scheme, the suite's tag that marks an export), and ``model-index``:
+    library_name / pipeline_tag / tags   scheme, the suite's tag that marks an export), the dataset by name
+    datasets                             (KJV Bible, Fashion-MNIST), and ``model-index``:
     model-index: [results: ...]          one result per test metric, its protocol under ``args``
     ---
     # name
@@ -53,10 +54,55 @@ def scheme_text(scheme: str) -> str:
     return text
 
 
+# The suite's data sources by the names their loaders give them, as a reader knows them.
+DATASET_NAMES = {
+    "bible-kjv": "KJV Bible",
+    "pydoc-topics": "Python documentation topics (pydoc)",
+    "fashion-mnist": "Fashion-MNIST",
+    "sklearn-digits": "scikit-learn digits (8x8)",
+    "synthetic": "synthetic latents",
+}
+
+
+def data_source_name(run: RunCheckpoint) -> str | None:
+    """The name the run's data loader gives its data ("bible-kjv", "fashion-mnist", a file's stem), read from
+    what the run left (the shards' or latent cache's meta.json) or from what an embedded source resolves to;
+    None when it cannot be told without the data."""
+    hp = run.data_hparams
+    kind = str(hp.get("_class_path", "")).rsplit(".", 1)[-1]
+    try:
+        if kind == "TextDataModule":
+            from datamodules.text.corpus import embedded_corpus_name
+
+            source = str(hp.get("source", "embedded"))
+            return embedded_corpus_name() if source == "embedded" else Path(source).stem or None
+        if kind == "EmbeddedImageDataModule":
+            from datamodules.images.embedded import embedded_image_info
+
+            return embedded_image_info()[0]
+        if kind == "SyntheticLatentDataModule":
+            return "synthetic"
+        for key in ("cache_dir", "root", "data_dir"):
+            if hp.get(key):
+                meta = Path(str(hp[key])) / "meta.json"
+                if meta.is_file():
+                    found = json.loads(meta.read_text(encoding="utf-8")).get("source_name")
+                    if isinstance(found, str):
+                        return Path(found).stem if "/" in found else found
+                return Path(str(hp[key])).name or None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def dataset(run: RunCheckpoint) -> tuple[str, str]:
-    """(name, type) of the run's data for ``model-index``: its DataModule class and the field naming its data."""
+    """(name, type) of the run's data for ``model-index``: the dataset as a reader knows it ("KJV Bible",
+    "Fashion-MNIST"), and its loader's name for it as the type; the DataModule class when it cannot be told."""
     hp = run.data_hparams
     kind = str(hp.get("_class_path", "unknown")).rsplit(".", 1)[-1]
+    source = data_source_name(run)
+    if source is not None:
+        return DATASET_NAMES.get(source, source), source
     named = next((f"{k}={hp[k]}" for k in DATA_KEYS if hp.get(k) not in (None, "")), "")
     return (f"{kind}({named})" if named else kind), kind
 
@@ -160,7 +206,7 @@ def body(run: RunCheckpoint, report: ExportReport, name: str, files: list[tuple[
     if trunk.get("moe_experts"):
         sizes.append(("mixture of experts", f"{trunk['moe_experts']} experts, top-{trunk['moe_top_k']}"))
     sizes += task_sizes(run)
-    data = [(k, v) for k, v in run.data_hparams.items() if not k.startswith("_")]
+    data = [("dataset", dataset(run)[0])] + [(k, v) for k, v in run.data_hparams.items() if not k.startswith("_")]
     optim = [(f"optim.{k}", v) for k, v in (hp.get("optim") or {}).items()]
     training = [("steps trained", run.step), *trainer_settings(run).items(), *optim]
     if run.uses_ema:
@@ -234,7 +280,12 @@ def write_card(run: RunCheckpoint, report: ExportReport, folder: Path) -> Path:
     files = sorted((p.relative_to(folder).as_posix(), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
     tags = [SUITE_TAG, f"norm-scheme-{run.scheme}", run.task]
     data = ModelCardData(
-        library_name=report.library, tags=tags, model_name=name, eval_results=eval_results(run, name) or None
+        library_name=report.library,
+        pipeline_tag=TASKS[run.task][0],
+        tags=tags,
+        datasets=[dataset(run)[0]],
+        model_name=name,
+        eval_results=eval_results(run, name) or None,
     )
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body(run, report, name, files)}")
     path = folder / CARD_FILE

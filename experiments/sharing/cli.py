@@ -19,13 +19,15 @@ import argparse
 import importlib
 import shutil
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.monitoring.records import SUMMARY_FILE
-from experiments.reliability.errors import SuiteError
+from experiments.reliability.errors import CheckpointError, SuiteError
+from experiments.reliability.layout import run_dir_of_checkpoint
 from experiments.sharing.card import write_card
-from experiments.sharing.checkpoint import read_run_checkpoint
+from experiments.sharing.checkpoint import RunCheckpoint, read_run_checkpoint
 from experiments.sharing.output import check_out, folder_size, human_size, staged
 from experiments.sharing.report import ExportOptions
 
@@ -63,14 +65,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_network_builds(run: RunCheckpoint) -> None:
+    """Builds the run's network on PyTorch's meta device (shapes only, no memory) and loads the checkpoint's
+    tensors into it, so hyperparameters edited to absurd sizes (a width of 2**40, a window of 2**62) or that
+    do not match the weights are refused in one line before anything is allocated or written.
+
+    Raises:
+        CheckpointError: the hyperparameters do not build a network, or build one the weights do not fit.
+    """
+    import torch
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "copying from a non-meta parameter ... is a no-op": only shapes count
+            run.network()
+    except CheckpointError:
+        raise
+    except (ValueError, RuntimeError, OverflowError, TypeError, KeyError, MemoryError, SystemError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(
+            f"checkpoint {run.path}: its hyperparameters do not build a network ({first}); valid: the "
+            "hyperparameters the run was trained with (they are saved in the checkpoint by fit)"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Exports a checkpoint; prints what was written and how it was checked."""
     args = build_parser().parse_args(argv)
     if args.format is not None and args.format not in FORMATS:
         raise SuiteError(f"--format {args.format!r} is not a format; valid: {', '.join(FORMATS)}")
     out = Path(args.out)
-    check_out(out, args.overwrite)
+    check_out(out, args.overwrite, run_dir_of_checkpoint(args.ckpt), Path(args.ckpt))
     run = read_run_checkpoint(args.ckpt)
+    check_out(out, args.overwrite, run.run_dir, run.path)
+    check_network_builds(run)
     fmt = args.format or DEFAULT_FORMAT[run.task]
     if FORMATS[fmt][0] != run.task:
         raise SuiteError(
@@ -84,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     exporter = importlib.import_module(FORMATS[fmt][1])  # imports its library (seconds): after every check
     start = time.perf_counter()
-    with staged(out, args.overwrite) as (folder, scratch):
+    with staged(out, args.overwrite, run.run_dir, run.path) as (folder, scratch):
         report = exporter.export(run, folder, scratch, options)
         if run.run_dir is not None and (run.run_dir / SUMMARY_FILE).is_file():  # compare reads a folder of exports
             shutil.copyfile(run.run_dir / SUMMARY_FILE, folder / SUMMARY_FILE)

@@ -156,3 +156,79 @@ def test_compare_reads_a_folder_of_exports(runs, tmp_path, capsys):
     table = (exports / "comparison.md").read_text()
     cells = [line for line in table.splitlines() if line.startswith(("| pre |", "| siamese |"))][:2]
     assert [c.split(" | ")[2] for c in cells] == ["0.25 (n = 1)", "0.4375 (n = 1)"]  # test/acc1, from each summary
+
+
+def digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (links as their target text): what a refusal must leave as it was."""
+    import hashlib
+
+    return {
+        str(p.relative_to(root)): (f"-> {p.readlink()}" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(root.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
+
+
+def test_absurd_hyperparameters_and_bad_destinations_are_refused_before_any_work(runs, tmp_path, capsys):
+    """A checkpoint whose hyperparameters were edited to absurd shapes, and an --out below a file, a symlink, the
+    run itself or a folder above it: one line each, exit 2, nothing allocated, nothing written or changed."""
+    payload = torch.load(runs["lm"], weights_only=True)
+    edits = {"width 2**40": ("trunk", "dim", 2**40), "window 2**62": (None, "seq_len", 2**62),
+             "depth -3": ("trunk", "depth", -3)}  # fmt: skip
+    edited = {}
+    for what, (section, key, value) in edits.items():
+        changed = {**payload, "hyper_parameters": {**payload["hyper_parameters"]}}
+        target = changed["hyper_parameters"]
+        if section is not None:
+            target[section] = {**target[section], key: value}
+        else:
+            target[key] = value
+        edited[what] = tmp_path / "edited" / f"{key}{value}.ckpt"
+        edited[what].parent.mkdir(exist_ok=True)
+        torch.save(changed, edited[what])
+    (tmp_path / "a_file").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "edited")
+    run_dir = runs["lm"].parent.parent
+    before, runs_before = digest(tmp_path), digest(runs["root"])
+    for what, ckpt in edited.items():
+        line = error_line(["--ckpt", str(ckpt), "--out", str(tmp_path / "out")], capsys)
+        assert f"checkpoint {ckpt}: its hyperparameters do not build a network" in line, what
+        assert "valid: the hyperparameters the run was trained with" in line
+    lm = ["--ckpt", str(runs["lm"])]
+    cases = {
+        "below a file": (tmp_path / "a_file" / "out", "lies under"),
+        "a file": (tmp_path / "a_file", "is a file"),
+        "a symlink": (tmp_path / "link", "is a symlink"),
+        "the run itself": (run_dir, f"is or holds the run directory {run_dir}"),
+        "a folder above the run": (run_dir.parent.parent, "is or holds the run directory"),
+    }
+    for what, (out, message) in cases.items():
+        for overwrite in ([], ["--overwrite"]):
+            line = error_line([*lm, "--out", str(out), *overwrite], capsys)
+            assert message in line and str(out) in line and "valid:" in line, (what, line)
+    assert digest(tmp_path) == before and digest(runs["root"]) == runs_before
+
+
+def test_overwrite_replaces_only_the_earlier_exports_own_files_and_modes_follow_the_umask(runs, tmp_path, capsys):
+    import os
+
+    out = tmp_path / "export"
+    old_umask = os.umask(0o002)  # group-writable, as a shared project directory sets it
+    try:
+        main(["export", "--ckpt", str(runs["lm"]), "--out", str(out), "--no-check"])
+    finally:
+        os.umask(old_umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == 0o664 and set(modes.values()) == {0o664}, modes  # safetensors' 0600 fixed
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "text-generation"
+    assert card.data.datasets[0] in ("KJV Bible", "Python documentation topics (pydoc)")  # the data, not the class
+    assert "TextDataModule" not in card.data.eval_results[0].dataset_name if card.data.eval_results else True
+    (out / "my_notes.txt").write_text("mine")  # the user's file, added to the export afterwards
+    before = digest(out)
+    line = error_line(["--ckpt", str(runs["lm"]), "--out", str(out), "--overwrite", "--no-check"], capsys)
+    assert f"{out}/my_notes.txt is not a file of the earlier export" in line
+    assert digest(out) == before
+    (out / "my_notes.txt").unlink()
+    main(["export", "--ckpt", str(runs["lm"]), "--out", str(out), "--overwrite", "--no-check"])  # its own files only
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
