@@ -9,9 +9,12 @@ different norm schemes overlay in one TensorBoard view: ``tensorboard --logdir r
 What a run may touch:
     fit                       a fresh run directory, or the run it resumes (``--ckpt_path``); another run's
                               directory only with ``--overwrite`` (and only one the suite made)
-    validate / test / predict the run directory of the checkpoint they evaluate (``.../<run>/checkpoints/x.ckpt``)
-                              unless ``--experiment`` / ``--run_name`` say otherwise; ``predict`` files are
-                              never replaced without ``--overwrite``
+    validate / test / predict the run directory of the checkpoint they evaluate (``.../<run>/checkpoints/x.ckpt``),
+                              else that of the run whose saved config is given (``-c RUN/config.yaml``),
+                              wherever the run now lies, unless the user names a place (``--experiment``,
+                              ``--run_name``, ``--runs_root``, ``--trainer.default_root_dir``); the names a
+                              saved config records never send output elsewhere; ``predict`` files are never
+                              replaced without ``--overwrite``
     every subcommand          one at a time per run directory (:mod:`experiments.reliability.run_lock`)
 
 Every run also gets (:mod:`experiments.reliability.checkpointing`): atomic checkpoint writes, checkpoints
@@ -50,7 +53,13 @@ from experiments.reliability.checkpointing import (
     newest_readable,
     resolve_checkpoint,
 )
-from experiments.reliability.config_files import check_config_files, check_finite_numbers, explain_parse_error
+from experiments.reliability.config_files import (
+    check_config_files,
+    check_finite_numbers,
+    config_paths,
+    explain_parse_error,
+    read_config,
+)
 from experiments.reliability.errors import OutputDirError, SuiteError
 from experiments.reliability.layout import (
     NAME_PATTERN,
@@ -63,6 +72,7 @@ from experiments.reliability.layout import (
     refuse_existing,
     run_dir_for,
     run_dir_of_checkpoint,
+    run_dir_of_config,
     task_name,
 )
 from experiments.reliability.run_lock import acquire_run_lock, record_holder, release_run_locks
@@ -151,9 +161,8 @@ class SuiteCLI(LightningCLI):
         trunk = config.model.init_args.get("trunk")
         scheme = trunk.norm_scheme if trunk is not None else "model"
         task = task_name(config.model.class_path)
-        named = config.experiment is not None or config.run_name is not None
         ckpt = config.get("ckpt_path")
-        evaluated = _evaluated_run(subcommand, ckpt) if not named else None
+        evaluated = _evaluated_run(subcommand, ckpt, self._argv) if not _names_a_place(self._argv) else None
         if evaluated is not None:  # test / predict a checkpoint: write into its run, never another one
             self._run_dir = evaluated
             return
@@ -297,11 +306,45 @@ class SuiteCLI(LightningCLI):
             print(f"{what} saved to {run} (tensorboard --logdir {run.parent})", flush=True)
 
 
-def _evaluated_run(subcommand: str, ckpt: object) -> Path | None:
-    """The run directory of the checkpoint validate / test / predict evaluate, if it is a suite run's."""
-    if subcommand == "fit" or ckpt is None or str(ckpt) == "last" or str(ckpt) in LIGHTNING_KEYWORDS:
+# Options that say where a run is written; given by the user (on the command line, or in a -c file that is not a
+# run's own saved config), they decide; a saved config's copies of them do not.
+PLACE_OPTIONS = ("experiment", "run_name", "runs_root", "trainer.default_root_dir")
+
+
+def _names_a_place(argv: list[str]) -> bool:
+    """Whether the user named where to write: a :data:`PLACE_OPTIONS` option on the command line, or in a ``-c``
+    file of their own (a run's saved ``config*.yaml`` records the names of the run it came from, which may
+    have been copied or moved since: those do not count)."""
+    for arg in argv:
+        option = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        if option in PLACE_OPTIONS:
+            return True
+    for path in config_paths(argv):
+        if run_dir_of_config(path) is not None:
+            continue
+        try:
+            data = read_config(path)
+        except SuiteError:
+            continue
+        trainer = data.get("trainer") if isinstance(data.get("trainer"), dict) else {}
+        if any(data.get(k) is not None for k in PLACE_OPTIONS[:3]) or trainer.get("default_root_dir") is not None:
+            return True
+    return False
+
+
+def _evaluated_run(subcommand: str, ckpt: object, argv: list[str]) -> Path | None:
+    """Where validate / test / predict write when the user named no place: the run directory of the checkpoint
+    they evaluate, if it is a suite run's; else (``--ckpt_path last``, or a checkpoint outside any run) the run
+    directory whose saved config is the last ``-c`` file, if it is one: a run copied elsewhere is evaluated
+    where it now is, not where its config says it was made."""
+    if subcommand == "fit":
         return None
-    return run_dir_of_checkpoint(str(ckpt))
+    if ckpt is not None and str(ckpt) != "last" and str(ckpt) not in LIGHTNING_KEYWORDS:
+        found = run_dir_of_checkpoint(str(ckpt))
+        if found is not None:
+            return found
+    runs = [run for path in config_paths(argv) if (run := run_dir_of_config(path)) is not None]
+    return runs[-1] if runs else None
 
 
 def _disk_full(err: BaseException | None) -> bool:

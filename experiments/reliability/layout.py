@@ -79,6 +79,14 @@ def run_dir_of_checkpoint(ckpt: str | Path) -> Path | None:
     return run if path.parent.name == "checkpoints" and (run / RUN_MARKER).is_file() else None
 
 
+def run_dir_of_config(config: str | Path) -> Path | None:
+    """The run directory a saved ``config*.yaml`` sits in (one the suite made), else None: where an
+    evaluation from that config writes when nothing else names a place."""
+    path = Path(config)
+    run = path.parent
+    return run if path.name.startswith("config") and (run / RUN_MARKER).is_file() else None
+
+
 def held_artifacts(run_dir: Path) -> list[str]:
     """The run artifacts already in ``run_dir`` (checkpoints, summary.json, config.yaml), by name."""
     found = []
