@@ -1,4 +1,4 @@
-"""Normalization layers by name: ``layernorm`` | ``rmsnorm`` | ``dyt`` (timm-style string-or-class factory).
+"""Normalization layers by name: ``layernorm`` | ``rmsnorm`` | ``dyt`` | ``derf`` (timm-style string-or-class factory).
 
 ``rmsnorm`` is :class:`RMSNorm`: ``nn.RMSNorm`` with the same parameters and forward bits, whose CPU
 float backward keeps only its input and the per-row ``1 / rms`` (as LayerNorm's fused kernel does). Torch's
@@ -6,7 +6,8 @@ CPU ``rms_norm`` is composite: autograd keeps the input, the normalized copy and
 runs about fifteen element-wise passes in backward, which made each RMSNorm ~5x the cost of a LayerNorm.
 
 ``dyt`` is :class:`DyT`, Dynamic Tanh: an element-wise ``weight * tanh(alpha * x) + bias`` that takes a norm's
-place without normalizing anything (no mean, no variance, no epsilon).
+place without normalizing anything (no mean, no variance, no epsilon). ``derf`` is :class:`Derf`, Dynamic erf, its
+successor: ``weight * erf(alpha * x + s) + bias`` with a learned scalar shift ``s`` as well.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class NormLayer(StrEnum):
     LAYERNORM = "layernorm"
     RMSNORM = "rmsnorm"
     DYT = "dyt"
+    DERF = "derf"
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -88,7 +90,8 @@ DYT_ALPHA_INIT = 0.5
 
 @dataclass(frozen=True)
 class DyTInit:
-    """How one DyT layer starts: alpha's value and whether it has a shift (read only when the layer is DyT)."""
+    """How one point-wise layer (DyT, Derf) starts: alpha's value and whether it has a per-channel shift (read only
+    when the layer is DyT or Derf)."""
 
     alpha: float = DYT_ALPHA_INIT
     bias: bool = True
@@ -137,10 +140,65 @@ class DyT(nn.Module):
         return f"{self.normalized_shape[0]}, alpha_init={self.alpha_init}, affine={self.weight is not None}"
 
 
+class Derf(nn.Module):
+    """Dynamic erf (Chen, Lu, Zhu, Sun, Liu, "Stronger Normalization-Free Transformers", arXiv 2512.10938)::
+
+        Derf(x) = weight * erf(alpha * x + s) + bias       alpha, s: one learnable scalar each; weight, bias: (D,)
+
+    The reference ``Dynamic_erf`` (zlab-princeton/Derf at 8dd9ea3, ``DiT/dynamic_erf.py``, ``ViT/dynamic_erf.py``
+    and the nanoGPT patch ``language model/model_derf.patch``): alpha starts at ``alpha_init_value`` (0.5 in the
+    ViT and DiT ports, 1.0 in the DiT-XL runs and the GPT-2 port), the shift at ``shift_init_value`` 0, weight at 1,
+    bias at 0; the DiT port's non-affine form (for adaLN) is ``erf(alpha * x + s)``, alpha and s still learned.
+    The same parameter names as the reference, so its state dicts load. ``bias=False`` drops the per-channel
+    bias (never the scalar shift), for the RMSNorm-style ports.
+
+    Args:
+        dim: width D of the last dimension.
+        eps: ignored (Derf has no epsilon); accepted so every norm layer builds with the same call.
+        elementwise_affine: weight (and bias); without, ``erf(alpha * x + s)``.
+        bias: the per-channel bias.
+        alpha_init: alpha's initial value.
+        shift_init: s's initial value.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        alpha_init: float = DYT_ALPHA_INIT,
+        shift_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = (dim,)
+        self.alpha_init, self.shift_init = alpha_init, shift_init
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
+        self.shift = nn.Parameter(torch.full((1,), float(shift_init)))
+        self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if elementwise_affine and bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.erf(self.alpha * x + self.shift)
+        if self.weight is not None:
+            y = y * self.weight
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape[0]}, alpha_init={self.alpha_init}, shift_init={self.shift_init}, "
+            f"affine={self.weight is not None}"
+        )
+
+
+#: The point-wise layers that take a norm's place: a scalar alpha, no statistics (``DyTInit`` sets both).
+POINTWISE = (DyT, Derf)
+
 _NORM_CLASSES: dict[NormLayer, type[nn.Module]] = {
     NormLayer.LAYERNORM: nn.LayerNorm,
     NormLayer.RMSNORM: RMSNorm,
     NormLayer.DYT: DyT,
+    NormLayer.DERF: Derf,
 }
 
 NormFactory = Callable[..., nn.Module]
@@ -171,8 +229,8 @@ def build_norm(
     dyt: DyTInit = DyTInit(),
 ) -> nn.Module:
     """One fresh norm instance over the last dimension (``affine=False`` drops weight and bias; ``dyt`` is read
-    only when the layer is :class:`DyT`)."""
+    only when the layer is :class:`DyT` or :class:`Derf`)."""
     factory = get_norm_layer(norm)
-    if factory is DyT:
-        return DyT(dim, elementwise_affine=affine, bias=dyt.bias, alpha_init=dyt.alpha)
+    if factory in POINTWISE:
+        return factory(dim, elementwise_affine=affine, bias=dyt.bias, alpha_init=dyt.alpha)
     return factory(dim, eps=eps, elementwise_affine=affine)

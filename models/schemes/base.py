@@ -43,6 +43,7 @@ class NormScheme(StrEnum):
     MHC = "mhc"
     LNS = "lns"
     REORDERED = "reordered"
+    KEEL = "keel"
 
 
 class TwoStream(NamedTuple):

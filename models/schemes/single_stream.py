@@ -1,5 +1,5 @@
-"""Single-stream schemes: Pre-, Post-, Peri-Norm, DeepNorm, Mix-LN, HybridNorm, LayerNorm Scaling and OLMo 2's
-reordered norm.
+"""Single-stream schemes: Pre-, Post-, Peri-Norm, DeepNorm, Mix-LN, HybridNorm, LayerNorm Scaling, OLMo 2's
+reordered norm and Keel.
 
 Each class is one residual site; ``prepare`` returns (branch input, state) and ``update`` writes
 the branch output ``o = F(branch input)`` back. Read the two methods as the equation.
@@ -204,3 +204,31 @@ class ReorderedNorm(Scheme):
 
     def update(self, x: Tensor, out: Tensor) -> Tensor:
         return x + self.norm(out)
+
+
+@register(NormScheme.KEEL)
+class Keel(Scheme):
+    """Keel (Chen & Wei, ByteDance Seed, "Post-LayerNorm Is Back: Stable, ExpressivE, and Deep", arXiv 2601.19895):
+    Post-Norm whose skip path is scaled Highway-style and whose branch reads a normalized input::
+
+        x = N_1(alpha * x + F(N_2(x))),    alpha = L = 2 * depth (the number of sublayers)     readout x
+
+    No public code: implemented from the paper's equation, ``x_{l+1} = LN_1(alpha x_l + F(LN_2(x_l)))`` with
+    ``alpha = L``, L the number of sub-layers as its summaries state it (a fixed scalar, no special init). The
+    difference from DeepNorm is the branch-input norm ``N_2`` and ``alpha`` growing as L, not ``(2L)^(1/4)``,
+    with no down-scaled init. Under adaLN ``N_2`` is the non-affine norm that is modulated.
+    """
+
+    readout = PassThrough
+
+    def __init__(self, site: Site) -> None:
+        super().__init__(site)
+        self.alpha = float(2 * site.depth)
+        self.norm_in = site.branch_norm()  # N_2
+        self.norm = site.norm()  # N_1
+
+    def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.norm_in(x), x
+
+    def update(self, x: Tensor, out: Tensor) -> Tensor:
+        return self.norm(self.alpha * x + out)

@@ -20,12 +20,17 @@ def norm(
     weight: Tensor | None = None,
     bias: Tensor | None = None,
     alpha: Tensor | None = None,
+    shift: Tensor | None = None,
 ) -> Tensor:
-    """LayerNorm ``(x - mean) / sqrt(var + eps)``, RMSNorm ``x / sqrt(mean(x^2) + eps)`` or DyT ``tanh(alpha x)``
-    (Zhu et al. 2025: no epsilon, ``alpha`` one scalar), then ``* w + b``."""
+    """LayerNorm ``(x - mean) / sqrt(var + eps)``, RMSNorm ``x / sqrt(mean(x^2) + eps)``, DyT ``tanh(alpha x)``
+    (Zhu et al. 2025: no epsilon, ``alpha`` one scalar) or Derf ``erf(alpha x + s)`` (Chen et al. 2025: ``alpha``
+    and ``s`` one scalar each), then ``* w + b``."""
     if kind == "dyt":
         assert alpha is not None and alpha.numel() == 1, "DyT needs its scalar alpha"
         y = torch.tanh(alpha * x)
+    elif kind == "derf":
+        assert alpha is not None and alpha.numel() == 1 and shift is not None and shift.numel() == 1
+        y = torch.special.erf(alpha * x + shift)
     elif kind == "layernorm":
         mean = x.mean(dim=-1, keepdim=True)
         var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # biased variance, as LayerNorm

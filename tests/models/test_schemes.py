@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from models import Trunk, TrunkConfig
-from models.norms import DyT
+from models.norms import POINTWISE, Derf
 from models.schemes import SCHEMES, NormScheme, get_scheme
 from tests.models import reference as ref
 from tests.models.reference_mhc import ref_mhc_any
@@ -25,7 +25,7 @@ from tests.models.reference_mhc import ref_mhc_any
 D, L, HEADS, HIDDEN = 16, 3, 2, 24
 BATCH, TOKENS = 2, 5
 ALL_SCHEMES = list(NormScheme)
-NORM_LAYERS = ["layernorm", "rmsnorm", "dyt"]
+NORM_LAYERS = ["layernorm", "rmsnorm", "dyt", "derf"]
 
 
 def build(scheme: str, norm_layer: str = "layernorm", conditioned: bool = False, **overrides) -> Trunk:
@@ -49,12 +49,14 @@ def build(scheme: str, norm_layer: str = "layernorm", conditioned: bool = False,
 def randomize(module: nn.Module) -> None:
     """Non-trivial values for everything the scheme equations touch."""
     for m in module.modules():
-        if isinstance(m, (nn.LayerNorm, nn.RMSNorm, DyT)) and m.weight is not None:
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm, *POINTWISE)) and m.weight is not None:
             m.weight.copy_(1 + 0.3 * torch.randn_like(m.weight))
             if getattr(m, "bias", None) is not None:
                 m.bias.copy_(0.3 * torch.randn_like(m.bias))
-        if isinstance(m, DyT):  # every DyT its own alpha, affine or not (adaLN's non-affine ones learn it too)
+        if isinstance(m, POINTWISE):  # every DyT / Derf its own alpha, affine or not (adaLN's ones learn it too)
             m.alpha.copy_(0.3 + 0.6 * torch.rand_like(m.alpha))
+        if isinstance(m, Derf):  # and every Derf its own shift s
+            m.shift.copy_(0.4 * torch.randn_like(m.shift))
     for name, p in module.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if leaf in ("w_read", "w_depth", "w_write"):  # Hyper-Connections' W_m, W_r, W_b
@@ -100,17 +102,24 @@ class Ref:
         """An affine norm with ``module``'s weight (and bias; DyT: and alpha)."""
         assert module.weight is not None, f"expected an affine norm, got {module}"
         bias, alpha = getattr(module, "bias", None), self.alpha(module)
-        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps, module.weight, bias, alpha)
+        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps, module.weight, bias, alpha, self.shift(module))
 
     def alpha(self, module: nn.Module | None) -> Tensor | None:
-        if self.cfg.norm_layer != "dyt":
+        if self.cfg.norm_layer not in ("dyt", "derf"):
             return None
-        assert module is not None, "a DyT reference needs the module holding alpha"
+        assert module is not None, "a DyT / Derf reference needs the module holding alpha"
         return module.alpha
+
+    def shift(self, module: nn.Module | None) -> Tensor | None:
+        if self.cfg.norm_layer != "derf":
+            return None
+        assert module is not None, "a Derf reference needs the module holding s"
+        return module.shift
 
     def plain(self, x: Tensor, module: nn.Module | None = None) -> Tensor:
         assert module is None or module.weight is None, f"expected a non-affine norm, got {module}"
-        return ref.norm(x, self.cfg.norm_layer, self.cfg.norm_eps, alpha=self.alpha(module))
+        kind, eps = self.cfg.norm_layer, self.cfg.norm_eps
+        return ref.norm(x, kind, eps, alpha=self.alpha(module), shift=self.shift(module))
 
     def own(self, module: nn.Module, x: Tensor) -> Tensor:
         return self.plain(x, module) if self.mods else self.N(module, x)
@@ -263,6 +272,14 @@ def ref_lns(r: Ref, h: Tensor) -> Tensor:
     return r.own(r.trunk.readout.norm_f, x)  # N_f(x), unscaled
 
 
+def ref_keel(r: Ref, h: Tensor) -> Tensor:
+    alpha = 2 * r.cfg.depth  # L, the number of sublayers
+    x = h
+    for b, _, kind, site in r.sites():
+        x = r.N(site.norm, alpha * x + r.F(b, kind, r.own(site.norm_in, x)))  # x = N_1(alpha x + F(N_2(x)))
+    return r.added(x, r.trunk.readout.norm_f)  # x
+
+
 def ref_reordered(r: Ref, h: Tensor) -> Tensor:
     x = h
     for b, _, kind, site in r.sites():
@@ -285,6 +302,7 @@ REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
     NormScheme.MHC: ref_mhc_any,
     NormScheme.LNS: ref_lns,
     NormScheme.REORDERED: ref_reordered,
+    NormScheme.KEEL: ref_keel,
 }
 
 
