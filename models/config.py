@@ -13,6 +13,27 @@ from models.schemes.mhc import MHC_VARIANTS
 MLP_KINDS = ("gelu", "gelu_tanh", "swiglu")
 INIT_KINDS = ("trunc_normal", "normal", "xavier")
 QK_NORM_SCOPES = ("per_head", "full")
+DYT_ALPHA_RULES = ("fixed", "width")
+
+#: DyT's starting alpha by model width (Zhu et al., arXiv 2503.10622, Tables 11-12: LLaMA models; depth barely
+#: matters): ``(width, alpha of the attention sublayers' norms, alpha of the other norms)``. The LLaMA port's README
+#: gives 0.8 / 0.2 for LLaMA-2 7B (width 4096), 0.6 / 0.15 for 13B (5120) and 0.2 / 0.05 for 34B and 70B (8192).
+DYT_WIDTH_TABLE: tuple[tuple[int, float, float], ...] = (
+    (1024, 1.0, 1.0),
+    (2048, 1.0, 0.5),
+    (4096, 0.8, 0.2),
+    (8192, 0.2, 0.05),
+)
+
+
+def dyt_width_alphas(dim: int) -> tuple[float, float]:
+    """``(attention alpha, other alpha)`` of the DyT width rule: the row of the largest tabulated width <= ``dim``;
+    below the table (width < 1024) its first row, 1.0 / 1.0 (the table gives nothing smaller: no extrapolation)."""
+    chosen = DYT_WIDTH_TABLE[0]
+    for row in DYT_WIDTH_TABLE:
+        if row[0] <= dim:
+            chosen = row
+    return chosen[1], chosen[2]
 
 
 @dataclass(frozen=True)
@@ -81,7 +102,8 @@ class TrunkConfig:
         mlp: "gelu" (ViT), "gelu_tanh" (DiT) or "swiglu" (LM).
         mlp_hidden: feed-forward hidden size; None means ``4 * dim``.
         norm_scheme: where the norms sit; one of :class:`models.schemes.NormScheme`.
-        norm_layer: "layernorm", "rmsnorm" or "dyt" (Dynamic Tanh, :class:`models.norms.DyT`: no epsilon).
+        norm_layer: "layernorm", "rmsnorm", "dyt" (Dynamic Tanh, :class:`models.norms.DyT`: no epsilon) or "derf"
+            (Dynamic erf, :class:`models.norms.Derf`).
         norm_eps: epsilon of every norm.
         mlp_norm_eps: epsilon of the MLP sublayer's norms only; None means ``norm_eps`` (diffusers' DiT
             uses 1e-5 there and 1e-6 elsewhere).
@@ -109,7 +131,11 @@ class TrunkConfig:
             ``attn_alpha_init_value``); None means ``dyt_alpha_init``.
         dyt_alpha_init_mlp: the same for the MLP sublayers' norms (``ffn_alpha_init_value``).
         dyt_alpha_init_final: the same for the readout's norms (``dec_alpha_init_value``).
-        dyt_bias: DyT's shift; false is the LLaMA port's ``weight * tanh(alpha x)``.
+        dyt_alpha_rule: "fixed" (every alpha the four fields above give) or "width" (DyT's rule for language models,
+            :data:`DYT_WIDTH_TABLE`: the attention sublayers' alpha and the MLP sublayers' and final norm's alpha
+            from the model width; an explicit ``dyt_alpha_init_attn`` / ``_mlp`` / ``_final`` still wins).
+        dyt_bias: DyT's shift; false is the LLaMA port's ``weight * tanh(alpha x)``. The alpha and shift options
+            apply to Derf (``norm_layer: derf``) as well: its alpha starts where DyT's would, its scalar ``s`` at 0.
         learned_embed_scale: language models only: multiply the token embedding by a learnable scalar that
             starts at ``sqrt(dim)`` (DyT's LLaMA port, ``shared_scale``).
         adaln_zero_init: conditioned (DiT) trunks only: start every adaLN modulation and the final linear at zero;
@@ -155,6 +181,7 @@ class TrunkConfig:
     dyt_alpha_init_attn: float | None = None
     dyt_alpha_init_mlp: float | None = None
     dyt_alpha_init_final: float | None = None
+    dyt_alpha_rule: str = "fixed"
     dyt_bias: bool = True
     learned_embed_scale: bool = False
     adaln_zero_init: bool = True
@@ -179,6 +206,8 @@ class TrunkConfig:
             raise ValueError(f"unknown init {self.init!r}; valid: {', '.join(INIT_KINDS)}")
         if self.qk_norm_scope not in QK_NORM_SCOPES:
             raise ValueError(f"unknown qk_norm_scope {self.qk_norm_scope!r}; valid: {', '.join(QK_NORM_SCOPES)}")
+        if self.dyt_alpha_rule not in DYT_ALPHA_RULES:
+            raise ValueError(f"unknown dyt_alpha_rule {self.dyt_alpha_rule!r}; valid: {', '.join(DYT_ALPHA_RULES)}")
         if self.mhc_variant not in MHC_VARIANTS:
             raise ValueError(f"unknown mhc_variant {self.mhc_variant!r}; valid: {', '.join(MHC_VARIANTS)}")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
@@ -213,6 +242,9 @@ class TrunkConfig:
             "readout": self.dyt_alpha_init_final,
         }
         alpha = per_site.get(kind)
+        if alpha is None and self.dyt_alpha_rule == "width" and kind in per_site:
+            attn, other = dyt_width_alphas(self.dim)
+            alpha = attn if kind == "attn" else other
         return DyTInit(self.dyt_alpha_init if alpha is None else alpha, self.dyt_bias)
 
     def to_dict(self) -> dict:

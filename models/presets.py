@@ -60,6 +60,74 @@ PRESETS: dict[str, Preset] = {
 }
 # fmt: on
 
+
+@dataclass(frozen=True)
+class Recipe:
+    """The trunk options a method's authors train it with, beyond the placement or the layer itself.
+
+    Attributes:
+        source: whose code or paper the options come from.
+        trunk: the options (``TrunkConfig`` fields) the overlay of the same name sets; what it does not name is
+            the task's trunk (the task config's own recipe: SwiGLU, RMSNorm, QK-norm per head, ... for the LM).
+        tasks: the tasks the recipe applies to (a port trains one task).
+    """
+
+    source: str
+    trunk: dict = field(default_factory=dict)
+    tasks: tuple[Task, ...] = ("lm", "vit", "dit")
+
+
+_ALL: tuple[Task, ...] = ("lm", "vit", "dit")
+_PLAIN = "the task's trunk: the authors' method changes the placement only"
+_DYT_LLAMA = dict(norm_layer="dyt", dyt_alpha_rule="width", dyt_bias=False, learned_embed_scale=True, qk_norm=False)
+_DERF_GPT2 = dict(norm_layer="derf", dyt_alpha_init=1.0, learned_embed_scale=True, qk_norm=False)
+_OLMO2_QK = dict(qk_norm=True, qk_norm_scope="full")
+
+#: Every shipped ``configs/norm/<name>.yaml`` and the recipe it carries (tests/models/test_recipes.py checks each
+#: overlay's resolved trunk against it). A scheme overlay of a recipe that changes a trunk option has a Pre-Norm
+#: twin with the same option (``pre-qk-full``, ``pre-plain-init``), so a table isolates the placement.
+# fmt: off
+RECIPES: dict[str, Recipe] = {
+    **{name: Recipe(_PLAIN) for name in ("pre", "post", "peri", "deepnorm", "mixln", "hybrid", "resi_dual",
+                                          "resi_dual_hybrid", "hyper", "siamese", "siamese_hybrid", "mhc", "keel")},
+    "hybrid-depth-scaling": Recipe("SiameseNorm paper, Table 3 ablation: a scheme switch",
+                                   dict(norm_scheme="hybrid", hybrid_depth_scaling=True)),
+    "siamese_hybrid-no-depth-scaling": Recipe("SiameseNorm paper, Table 3 ablation: a scheme switch",
+                                              dict(norm_scheme="siamese_hybrid", siamese_depth_scaling=False)),
+    "siamese_hybrid-no-input-norm": Recipe("SiameseNorm paper, Table 3 ablation: a scheme switch",
+                                           dict(norm_scheme="siamese_hybrid", siamese_input_norm=False)),
+    "lns": Recipe("lmsdss/LayerNorm-Scaling: the plain normal init (a depth-scaled output init diminishes the "
+                  "effect)", dict(scaled_output_init=False)),
+    "mhc-v2": Recipe("lucidrains/hyper-connections mHCv2.py: the other form of mHC",
+                     dict(norm_scheme="mhc", mhc_variant="mhcv2")),
+    "pre-plain-init": Recipe("LayerNorm Scaling's trunk under Pre-Norm: lns.yaml's baseline",
+                             dict(norm_scheme="pre", scaled_output_init=False), ("lm",)),
+    "reordered": Recipe("OLMo 2 (allenai/OLMo-core, transformers' Olmo2Attention): QK-norm over the whole q and k "
+                        "projections", _OLMO2_QK),
+    "pre-qk-full": Recipe("OLMo 2's QK-norm under Pre-Norm: reordered.yaml's baseline",
+                          dict(norm_scheme="pre", **_OLMO2_QK)),
+    "dyt": Recipe("jiachenzhu/DyT (ViT / ConvNeXt): every norm DyT, alpha 0.5", dict(norm_layer="dyt")),
+    "dyt-dit": Recipe("jiachenzhu/DyT other_tasks/DiT: adaLN-Zero's zeroing removed",
+                      dict(norm_layer="dyt", adaln_zero_init=False), ("dit",)),
+    "dyt-llama": Recipe("jiachenzhu/DyT other_tasks/LLaMA and the paper's width rule (Tables 11-12): no shift, "
+                        "shared_scale sqrt(d), no QK-norm", _DYT_LLAMA, ("lm",)),
+    "pre-dyt": Recipe("jiachenzhu/DyT (ViT): Pre-Norm with every norm DyT", dict(norm_scheme="pre", norm_layer="dyt")),
+    "siamese-dyt": Recipe("SiameseNorm with DyT's ViT recipe", dict(norm_scheme="siamese", norm_layer="dyt")),
+    "pre-dyt-llama": Recipe("the DyT paper's LM: Pre-Norm with the LLaMA port's recipe",
+                            dict(norm_scheme="pre", **_DYT_LLAMA), ("lm",)),
+    "siamese-dyt-llama": Recipe("SiameseNorm with the DyT LLaMA port's recipe",
+                                dict(norm_scheme="siamese", **_DYT_LLAMA), ("lm",)),
+    "pre-no-qk-norm": Recipe("the DyT / Derf LM ports' attention (no QK-norm) under RMSNorm Pre-Norm: their baseline",
+                             dict(norm_scheme="pre", qk_norm=False), ("lm",)),
+    "derf": Recipe("zlab-princeton/Derf (ViT, DiT-B): every norm Derf, alpha 0.5, s 0; DiT keeps adaLN-Zero",
+                   dict(norm_layer="derf")),
+    "derf-gpt2": Recipe("zlab-princeton/Derf language model/ (nanoGPT): alpha 1.0, shared_scale sqrt(d), no QK-norm",
+                        _DERF_GPT2, ("lm",)),
+    "pre-derf-gpt2": Recipe("the Derf paper's LM: Pre-Norm with its GPT-2 port's recipe",
+                            dict(norm_scheme="pre", **_DERF_GPT2), ("lm",)),
+}
+# fmt: on
+
 _NETWORKS: dict[Task, type[nn.Module]] = {"lm": LanguageModel, "vit": ViTClassifier, "dit": DiT}
 
 

@@ -13,6 +13,7 @@ from experiments.cli import SuiteCLI
 from models import TrunkConfig, count_params
 from models.dit import DiT
 from models.lm import LanguageModel
+from models.presets import RECIPES
 from models.schemes import NormScheme
 from models.vit import ViTClassifier
 
@@ -35,12 +36,14 @@ NORM_OVERLAYS = {
 }
 SCHEMES = {s.value for s in NormScheme}
 # Norm-layer overlays set no scheme: they stack after a scheme overlay. The ports of DyT fit one task each.
-LAYER_OVERLAYS = {"dyt": ("lm", "vit", "dit"), "dyt-llama": ("lm",), "dyt-dit": ("dit",)}
+LAYER_OVERLAYS = {"dyt": ("lm", "vit", "dit"), "dyt-llama": ("lm",), "dyt-dit": ("dit",), "derf": ("lm", "vit", "dit"),
+                  "derf-gpt2": ("lm",)}  # fmt: skip
 # Named variants of a scheme (Table 3 ablation rows; sweep cells of a scheme with a norm-layer overlay):
 # configs/norm/<scheme>-<variant>.yaml.
 VARIANTS = sorted(stem for stem in NORM_OVERLAYS if stem not in SCHEMES and stem not in LAYER_OVERLAYS)
-# What a scheme overlay sets besides the scheme (LayerNorm Scaling: the plain init its authors require).
-SCHEME_EXTRAS = {"lns": {"scaled_output_init": False}}
+# What a scheme overlay sets besides the scheme: its authors' recipe (models.presets.RECIPES, which
+# tests/models/test_recipes.py checks each overlay against), e.g. LayerNorm Scaling's plain init, OLMo 2's QK-norm.
+SCHEME_EXTRAS = {name: RECIPES[name].trunk for name in SCHEMES if RECIPES[name].trunk}
 TASK_OF = {"lm": "configs/lm/", "vit": "configs/vit/", "dit": "configs/dit/"}
 
 
@@ -155,17 +158,19 @@ def test_norm_layer_overlays_stack_after_a_scheme_and_change_the_norm_layer_only
     trunk = overlaid_trunk(task_config, "siamese", overlay)
     base = overlaid_trunk(task_config, "siamese")
     changed = {k for k, v in trunk.to_dict().items() if base.to_dict()[k] != v}
-    assert trunk.norm_scheme == "siamese" and trunk.norm_layer == "dyt"
-    assert changed <= {"norm_layer", "learned_embed_scale", "adaln_zero_init"} | {k for k in changed if "dyt" in k}
+    assert trunk.norm_scheme == "siamese" and trunk.norm_layer == NORM_OVERLAYS[overlay]["norm_layer"]
+    port = {"norm_layer", "learned_embed_scale", "adaln_zero_init", "qk_norm"}  # what the ports' recipes set
+    assert changed <= port | {k for k in changed if "dyt" in k}
     if task_config in REPRESENTATIVE.values():  # the paper-size networks with DyT: tests/models/test_presets.py
         config = parse(*configs_for(task_config), "configs/norm/siamese.yaml", f"configs/norm/{overlay}.yaml")
         assert count_params(_network(config)) > 0
 
 
 def test_dyt_llama_overlay_holds_the_ports_values():
-    """other_tasks/LLaMA/README.md (LLaMA-2 7B): attn 0.8, ffn 0.2, dec 0.2; LayerNormParameterized has no shift;
-    ``shared_scale`` starts at sqrt(emb_dim). The DiT port: adaLN-Zero's zeroing removed."""
-    llama = dict(norm_layer="dyt", dyt_alpha_init_attn=0.8, dyt_alpha_init_mlp=0.2, dyt_alpha_init_final=0.2)
+    """other_tasks/LLaMA: alpha by the paper's width rule (its README's 7B values are the rule at width 4096);
+    LayerNormParameterized has no shift; ``shared_scale`` starts at sqrt(emb_dim); no QK-norm. The DiT port:
+    adaLN-Zero's zeroing removed."""
+    llama = dict(norm_layer="dyt", dyt_alpha_rule="width", qk_norm=False)
     assert NORM_OVERLAYS["dyt-llama"] == {**llama, "dyt_bias": False, "learned_embed_scale": True}
     assert NORM_OVERLAYS["dyt-dit"] == dict(norm_layer="dyt", adaln_zero_init=False)
     assert NORM_OVERLAYS["dyt"] == dict(norm_layer="dyt")
@@ -179,8 +184,8 @@ def test_a_scheme_with_a_layer_overlay_is_the_two_overlays_stacked(variant: str)
 
 
 def variant_cases() -> list[tuple[str, str]]:
-    """Every variant with every task config it fits (a variant with a norm-layer overlay: that overlay's tasks)."""
-    tasks = {v: LAYER_OVERLAYS.get(v.split("-", 1)[1], tuple(TASK_OF)) for v in VARIANTS}
+    """Every variant with every task config it fits (a variant carrying a port's recipe: that port's task)."""
+    tasks = {v: RECIPES[v].tasks for v in VARIANTS}  # the recipe's tasks (a port's: its one task)
     return [(v, c) for v in VARIANTS for c in TASK_CONFIGS if any(TASK_OF[t] in c for t in tasks[v])]
 
 
@@ -193,6 +198,7 @@ def test_variant_overlays_set_their_scheme_and_switches_only(variant: str, task_
     assert trunk.norm_scheme == scheme
     assert changed - {"norm_scheme"}, f"{variant} changes nothing beyond the scheme"
     switches = {"norm_scheme", "siamese_input_norm", "siamese_depth_scaling", "hybrid_depth_scaling"}
+    switches |= set(RECIPES[variant].trunk)  # the options its recipe names (e.g. pre-qk-full's QK-norm)
     if rest in LAYER_OVERLAYS:  # the scheme with a norm-layer overlay: its keys
         switches |= set(NORM_OVERLAYS[rest])
     assert changed <= switches
