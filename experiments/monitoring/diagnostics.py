@@ -14,8 +14,13 @@ shows them whatever ``log_every_n_steps`` is), under these stable tags:
     diag/scale/<norm>                 mean |weight| of a readout norm (SiameseNorm N_a, N_b, N_o; ResiDual N_d)
     diag/scale/<norm>/sublayer_<s>    mean |weight| of a residual site's norm (SiameseNorm N_X, N_Y, N_in, and
                                       the attention gain g of siamese_hybrid): how much each stream contributes
-    diag/alpha/<norm>                 DyT norms (``norm_layer: dyt``): the learned alpha of a readout norm, and
-    diag/alpha/<norm>/sublayer_<s>    of a residual site's norm (affine or not: adaLN's DyT learns alpha too)
+    diag/alpha/<norm>                 DyT / Derf norms (``norm_layer: dyt`` / ``derf``): the learned alpha of a
+    diag/alpha/<norm>/sublayer_<s>    readout norm, and of a residual site's norm (affine or not: adaLN's learn it
+                                      too); Derf's learned shift s likewise under ``diag/shift/...``
+    diag/saturation/<norm>            DyT / Derf norms: the fraction of the norm's point-wise inputs
+    diag/saturation/<norm>/sublayer_<s>  ``z = alpha x (+ s)`` with ``|z| > 2`` on that step's batch (tanh / erf
+    diag/saturation/<q_norm|k_norm>/block_<b>  within 4 % / 0.5 % of +-1, slope < 0.07 / 0.02: saturated);
+                                      attention's QK-norms per block
     diag/moe/<stat>/block_<b>         MoE trunks: block b's router on that step's batch: ``entropy`` (expert-usage
                                       entropy / ln E), ``load_max`` / ``load_min`` (busiest / idlest expert's
                                       share x E), ``load_ratio`` (their counts' ratio); see models.layers.moe
@@ -39,9 +44,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from models.layers import Routing, expert_usage
-from models.norms import DyT
+from models.norms import POINTWISE, Derf
 from models.schemes import State
 from models.trunk import Trunk
+
+#: ``|alpha x (+ s)|`` above which a point-wise norm's input counts as saturated (``diag/saturation``).
+SATURATION_Z = 2.0
 
 
 def stream_dict(state: State) -> dict[str, Tensor]:
@@ -80,19 +88,49 @@ def grad_norms(trunk: Trunk, params: list[nn.Parameter]) -> dict[str, Tensor]:
 
 
 def _norm_stats(module: nn.Module) -> dict[str, Tensor]:
-    """``{"scale": mean |weight|}`` of an affine norm, and DyT's ``{"alpha": alpha}`` (affine or not)."""
+    """``{"scale": mean |weight|}`` of an affine norm, and DyT's / Derf's ``{"alpha": alpha}`` (affine or not;
+    Derf's ``"shift"`` too)."""
     out = {}
-    if isinstance(module, nn.LayerNorm | nn.RMSNorm | DyT) and module.weight is not None:
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm, *POINTWISE)) and module.weight is not None:
         out["scale"] = module.weight.abs().mean()
-    if isinstance(module, DyT):
+    if isinstance(module, POINTWISE):
         out["alpha"] = module.alpha.reshape(())
+    if isinstance(module, Derf):
+        out["shift"] = module.shift.reshape(())
+    return out
+
+
+def saturated_fraction(module: nn.Module, x: Tensor) -> Tensor:
+    """The fraction of the point-wise inputs ``z = alpha x (+ s)`` of a DyT / Derf ``module`` with ``|z| > 2``."""
+    z = module.alpha.detach() * x.detach()
+    if isinstance(module, Derf):
+        z = z + module.shift.detach()
+    return (z.abs() > SATURATION_Z).float().mean()
+
+
+def pointwise_norms(trunk: Trunk) -> dict[str, nn.Module]:
+    """Every DyT / Derf norm of the trunk under its diagnostics name: ``<name>`` (readout),
+    ``<name>/sublayer_<s>`` (a residual site's), ``<q_norm|k_norm|v_norm>/block_<b>`` (attention's)."""
+    out = {}
+    for name, module in trunk.readout.named_children():
+        if isinstance(module, POINTWISE):
+            out[name] = module
+    for b, block in enumerate(trunk.blocks):
+        for s, site in ((2 * b, block.attn_res), (2 * b + 1, block.mlp_res)):
+            for name, module in site.named_modules():
+                if isinstance(module, POINTWISE):
+                    out[f"{name.rsplit('.', 1)[-1]}/sublayer_{s}"] = module
+        for name in ("q_norm", "k_norm", "v_norm"):
+            module = getattr(block.attn, name, None)
+            if isinstance(module, POINTWISE):
+                out[f"{name}/block_{b}"] = module
     return out
 
 
 @torch.no_grad()
 def norm_scales(trunk: Trunk) -> dict[str, Tensor]:
     """Mean |weight| of every affine norm of the readout and of each residual site (+ siamese_hybrid's g), and
-    every DyT norm's alpha there."""
+    every DyT / Derf norm's alpha there (Derf's shift too)."""
     out = {}
     for name, module in trunk.readout.named_children():
         for stat, value in _norm_stats(module).items():
@@ -123,6 +161,7 @@ class Diagnostics(Callback):
         norm_scales: ``diag/scale/...``: fusion-norm and per-sublayer branch-input norm scales.
         max_activation: ``diag/max_abs/block_<b>`` and ``diag/max_abs_activation``.
         routing: ``diag/moe/<stat>/block_<b>`` of each MoE block (dense trunks log nothing here).
+        saturation: ``diag/saturation/...`` of each DyT / Derf norm (trunks without one log nothing here).
     """
 
     def __init__(
@@ -133,12 +172,14 @@ class Diagnostics(Callback):
         norm_scales: bool = True,
         max_activation: bool = True,
         routing: bool = True,
+        saturation: bool = True,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.residual_rms, self.grad_norms = residual_rms, grad_norms
         self.norm_scales, self.max_activation, self.routing = norm_scales, max_activation, routing
+        self.saturation = saturation
         self.last: dict[str, float] = {}  # the most recently logged values (for tests and notebooks)
         self._handles: list[RemovableHandle] = []
         self._pending: dict[str, Tensor] = {}
@@ -147,12 +188,22 @@ class Diagnostics(Callback):
 
     # ----------------------------------------------------------------------------- activations
     def attach(self, trunk: Trunk) -> None:
-        """Registers one forward hook per block that records its output state's statistics."""
+        """Registers one forward hook per block that records its output state's statistics, and one per DyT / Derf
+        norm that records its saturated fraction."""
         self.detach()
+        if self.saturation:
+            for name, module in pointwise_norms(trunk).items():
+                self._handles.append(module.register_forward_hook(self._saturation_hook(name)))
         if not (self.residual_rms or self.max_activation or (self.routing and trunk.cfg.moe_experts)):
             return
         for b, block in enumerate(trunk.blocks):
             self._handles.append(block.register_forward_hook(self._block_hook(b)))
+
+    def _saturation_hook(self, name: str):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            self._pending[f"diag/saturation/{name}"] = saturated_fraction(module, args[0])
+
+        return hook
 
     def detach(self) -> None:
         """Removes the forward hooks."""
