@@ -11,9 +11,8 @@ What a run may touch:
                               directory only with ``--overwrite`` (and only one the suite made)
     validate / test / predict the run directory of the checkpoint they evaluate (``.../<run>/checkpoints/x.ckpt``),
                               else that of the run whose saved config is given (``-c RUN/config.yaml``),
-                              wherever the run now lies, unless the user names a place (``--experiment``,
-                              ``--run_name``, ``--runs_root``, ``--trainer.default_root_dir``); the names a
-                              saved config records never send output elsewhere; ``predict`` files are never
+                              wherever the run now lies, unless the user names a run (``--experiment``,
+                              ``--run_name``); the names a saved config records never send output elsewhere; ``predict`` files are never
                               replaced without ``--overwrite``
     every subcommand          one at a time per run directory (:mod:`experiments.reliability.run_lock`)
 
@@ -306,9 +305,10 @@ class SuiteCLI(LightningCLI):
             print(f"{what} saved to {run} (tensorboard --logdir {run.parent})", flush=True)
 
 
-# Options that say where a run is written; given by the user (on the command line, or in a -c file that is not a
-# run's own saved config), they decide; a saved config's copies of them do not.
-PLACE_OPTIONS = ("experiment", "run_name", "runs_root", "trainer.default_root_dir")
+# Options that name the run an evaluation writes into; given by the user (on the command line, or in a -c file that
+# is not a run's own saved config), they decide; a saved config's copies of them do not. (``--runs_root`` /
+# ``--trainer.default_root_dir`` only say where new runs go: an evaluated checkpoint's run stays its own.)
+PLACE_OPTIONS = ("experiment", "run_name")
 
 
 def _names_a_place(argv: list[str]) -> bool:
@@ -326,8 +326,7 @@ def _names_a_place(argv: list[str]) -> bool:
             data = read_config(path)
         except SuiteError:
             continue
-        trainer = data.get("trainer") if isinstance(data.get("trainer"), dict) else {}
-        if any(data.get(k) is not None for k in PLACE_OPTIONS[:3]) or trainer.get("default_root_dir") is not None:
+        if any(data.get(k) is not None for k in PLACE_OPTIONS):
             return True
     return False
 
