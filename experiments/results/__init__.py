@@ -1,10 +1,12 @@
 """Reading runs: a sweep directory's summaries turned into comparisons a reader can trust.
 
     runs.py        what a sweep directory holds: its spec (``sweep.yaml``) and each run's ``summary.json``
-    compare.py     ``python -m experiments compare``: runs -> cells (cells.py) -> seed statistics and paired
-                   tests (stats.py) -> tables (tables.py) and plots (plots.py, profiles.py; palette.py colours)
+    compare.py     ``python -m experiments compare``: runs -> cells (cells.py) -> seed statistics, paired
+                   tests and their power (stats.py) -> tables (tables.py) and plots (plots.py, profiles.py;
+                   palette.py colours)
     tb_layout.py   the TensorBoard custom-scalars layout of a sweep
-    export.py      a comparison copied into the repository; readme.py regenerates README's result blocks
+    export.py      a comparison copied into the repository; readme.py regenerates the result blocks of
+                   README.md and docs/*.md
     paper.py       README's table of the paper's claims next to this suite's measurements (docs/results/paper.yaml)
 
 Belongs here: anything that reads several runs at once and never starts one. Running grids is

@@ -10,7 +10,11 @@ sweep produces and scipy leaves undefined:
 - few pairs: the exact sign-flip permutation test (every one of the 2^n sign patterns of the paired
   differences) is reported next to the t-test, since the t-test's normality assumption cannot be checked
   on three seeds. Its smallest attainable two-sided p-value is 2 / 2^n (0.25 for n = 3): with three
-  seeds no difference, however large, is "significant" under it, and the tables say so.
+  seeds no difference, however large, is "significant" under it, and the tables say so;
+- how much evidence a comparison had: the power of the two-sided paired t-test on the noncentral t
+  distribution, the smallest difference ``n`` pairs detect with 80 % power at their paired standard deviation,
+  and the seeds an observed difference would need for that power (:func:`sensitivity`); undefined, and said
+  so, for one pair or differences without spread.
 """
 
 from __future__ import annotations
