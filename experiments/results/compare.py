@@ -222,14 +222,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SuiteError(f"{args.sweep_dir} is not a directory; valid: a sweep directory such as runs/lm/demo")
     if not (args.sweep_dir / SWEEP_RECORD).is_file() and not any(args.sweep_dir.glob("*/summary.json")):
         raise SuiteError(f"{args.sweep_dir} holds no sweep.yaml and no */summary.json; valid: a sweep directory")
-    if args.baseline is not None:
-        print(against(load_comparison(args.sweep_dir), args.baseline, args.export).block("table"), end="")
-        return
     if args.tables_only:
         if args.export is not None or args.baseline is not None:
             raise SuiteError("--tables-only rewrites the directory's own tables; valid: without --export/--baseline")
         for kind, p in write_tables(args.sweep_dir, load_comparison(args.sweep_dir)).items():
             print(f"{kind:>14}: {p}")
+        return
+    if args.baseline is not None:
+        print(against(load_comparison(args.sweep_dir), args.baseline, args.export).block("table"), end="")
         return
     if args.export is not None:  # refuse before writing anything
         check_target(args.export, args.sweep_dir, args.overwrite)

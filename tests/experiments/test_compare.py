@@ -419,3 +419,20 @@ def test_identical_runs_compare_as_no_difference_with_p_1(tmp_path: Path):
     write_sweep(tmp_path, seeded("pre", PRE) + seeded("siamese", PRE))  # the same numbers, seed by seed
     row = cells_table(Tables(tmp_path).markdown)[3]
     assert row[:5] == ["siamese", "1.532 ± 0.070 (n = 3)", "+0 ± 0 (n = 3)", "1", "1"]
+
+
+def test_tables_only_rewrites_an_exports_tables_from_its_summaries(tmp_path: Path, capsys):
+    sweep_dir = write_sweep(tmp_path / "sweep", seeded("pre", PRE) + seeded("siamese", SIAMESE))
+    compare.main([str(sweep_dir), "--export", str(tmp_path / "export")])
+    target = tmp_path / "export"
+    before = {name: (target / name).read_text() for name in ("comparison.md", "comparison.csv", compare.CELLS_CSV)}
+    for name in before:
+        (target / name).write_text("stale")
+    (target / "curves.png").unlink()
+    shutil.rmtree(sweep_dir)  # the runs are gone: only the export's summaries are left
+    compare.main([str(target), "--tables-only"])
+    assert {name: (target / name).read_text() for name in before} == before
+    assert not (target / "curves.png").exists()  # no plots, no TensorBoard layout
+    assert "cells_csv" in capsys.readouterr().out
+    with pytest.raises(SuiteError, match="--tables-only rewrites the directory's own tables"):
+        compare.main([str(target), "--tables-only", "--baseline", "siamese"])
