@@ -86,3 +86,36 @@ def test_task_specific_port_options_are_refused_where_they_mean_nothing():
         DiT(cfg, input_size=4, patch_size=2, num_classes=3)
     with pytest.raises(ValueError, match="adaln_zero_init=false needs a conditioned"):
         Trunk(TrunkConfig(dim=D, depth=1, num_heads=HEADS, adaln_zero_init=False))
+
+
+#################################################################################
+#                        The paper's width rule for alpha                       #
+#################################################################################
+
+
+@pytest.mark.parametrize(
+    ("dim", "attn", "other"),
+    [(64, 1.0, 1.0), (128, 1.0, 1.0), (1024, 1.0, 1.0), (1536, 1.0, 1.0), (2048, 1.0, 0.5), (4096, 0.8, 0.2),
+     (5120, 0.8, 0.2), (8192, 0.2, 0.05), (16384, 0.2, 0.05)],
+)  # fmt: skip
+def test_width_rule_gives_the_tables_alpha_by_width(dim: int, attn: float, other: float):
+    """DyT paper Tables 11-12 (width 1024: 1.0 / 1.0, 2048: 1.0 / 0.5, 4096: 0.8 / 0.2 -- the LLaMA port's 7B
+    values --, 8192: 0.2 / 0.05); between rows the smaller width's row, below the table its first row."""
+    cfg = TrunkConfig(dim=dim, depth=1, num_heads=1, norm_layer="dyt", dyt_alpha_rule="width")
+    assert (cfg.dyt_init("attn").alpha, cfg.dyt_init("mlp").alpha, cfg.dyt_init("readout").alpha) == (
+        attn,
+        other,
+        other,
+    )
+    assert cfg.dyt_init("qk").alpha == 0.5  # anything else: the base value
+
+
+def test_width_rule_builds_the_trunk_and_explicit_values_win():
+    cfg = TrunkConfig(dim=2048, depth=1, num_heads=16, norm_layer="dyt", dyt_alpha_rule="width", dyt_alpha_init_mlp=0.3)
+    with torch.device("meta"):
+        trunk = Trunk(cfg)
+    assert trunk.blocks[0].attn_res.norm.alpha_init == 1.0 and trunk.blocks[0].mlp_res.norm.alpha_init == 0.3
+    assert trunk.readout.norm_f.alpha_init == 0.5
+    assert TrunkConfig().dyt_alpha_rule == "fixed"
+    with pytest.raises(ValueError, match="dyt_alpha_rule"):
+        TrunkConfig(dyt_alpha_rule="depth")

@@ -1,0 +1,109 @@
+"""Derf (``norm_layer: derf``) against its reference ``Dynamic_erf`` (zlab-princeton/Derf at 8dd9ea3): the layer's
+equation in float64 with the reference's parameter names and init values, its ports' recipes (ViT / DiT alpha 0.5,
+GPT-2 alpha 1.0 with the learnable sqrt(d) embedding scale, the DiT port's adaLN-Zero kept), and Keel's facts.
+
+Every scheme with Derf norms, plain and adaLN, is checked against the float64 trunk reference in test_schemes.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models import DiT, LanguageModel, Trunk, TrunkConfig
+from models.norms import Derf, build_norm
+from models.schemes import NormScheme
+
+D, HEADS = 16, 2
+
+
+def hand_derf(x, alpha, shift, weight=None, bias=None):
+    """``Dynamic_erf.forward``: ``x = alpha * x + shift; erf(x) * weight + bias`` (erf as its series-free
+    definition through torch.special.erf, in float64)."""
+    y = torch.special.erf(alpha * x + shift)
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias
+
+
+def test_layer_is_the_reference_equation_with_its_names_and_init():
+    """alpha (1,) = alpha_init_value, shift (1,) = shift_init_value 0, weight 1, bias 0; a reference state dict
+    (its names) loads, and the output is erf(alpha x + s) * w + b, not erf(alpha (x + s)) or tanh."""
+    m = Derf(D, alpha_init=0.5).double()
+    assert m.alpha.shape == m.shift.shape == (1,)
+    assert m.alpha.item() == 0.5 and m.shift.item() == 0.0
+    assert torch.equal(m.weight, torch.ones(D, dtype=torch.float64)) and torch.equal(m.bias, torch.zeros(D).double())
+    state = {
+        "alpha": torch.tensor([0.7], dtype=torch.float64),
+        "shift": torch.tensor([0.3], dtype=torch.float64),
+        "weight": 1 + torch.randn(D, dtype=torch.float64),
+        "bias": torch.randn(D, dtype=torch.float64),
+    }
+    m.load_state_dict(state)
+    x = 2 * torch.randn(3, 5, D, dtype=torch.float64)
+    expected = hand_derf(x, 0.7, 0.3, state["weight"], state["bias"])
+    torch.testing.assert_close(m(x), expected, atol=1e-14, rtol=0)
+    assert (m(x) - hand_derf(x, 0.7, 0.7 * 0.3, state["weight"], state["bias"])).abs().max() > 1e-3
+    assert (m(x) - (torch.tanh(0.7 * x + 0.3) * m.weight + m.bias)).abs().max() > 1e-3
+
+
+def test_non_affine_form_keeps_alpha_and_shift_learned():
+    """The DiT port converts adaLN's non-affine LayerNorms: erf(alpha x + s), alpha and s still parameters."""
+    m = build_norm("derf", D, 1e-6, affine=False)
+    assert isinstance(m, Derf) and m.weight is None and m.bias is None
+    assert {n for n, _ in m.named_parameters()} == {"alpha", "shift"}
+    x = torch.randn(4, D)
+    torch.testing.assert_close(m(x), torch.special.erf(0.5 * x), rtol=0, atol=0)
+
+
+def test_gpt2_port_recipe_alpha_one_everywhere_and_sqrt_d_embedding_scale():
+    """language model/model_derf.patch: attn / ffn / dec alpha_init_value 1.0; shared_scale = sqrt(n_embd)."""
+    cfg = TrunkConfig(dim=D, depth=2, num_heads=HEADS, mlp="swiglu", norm_layer="derf", dyt_alpha_init=1.0,
+                      learned_embed_scale=True, qk_norm=False)  # fmt: skip
+    lm = LanguageModel(cfg, vocab_size=11, max_seq_len=8)
+    derfs = [m for m in lm.modules() if isinstance(m, Derf)]
+    assert len(derfs) == 2 * 2 + 1 and {m.alpha.item() for m in derfs} == {1.0}
+    assert {m.shift.item() for m in derfs} == {0.0}
+    assert lm.embed_scale.item() == pytest.approx(math.sqrt(D))
+
+
+def test_dit_port_keeps_adaln_zero():
+    """DiT/models.py zeroes the blocks' adaLN for DiT-B whatever the norm: the suite's default."""
+    dit = DiT(
+        TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_layer="derf"), input_size=4, patch_size=2, num_classes=3
+    )
+    for blk in dit.trunk.blocks:
+        assert torch.count_nonzero(blk.adaLN.net[1].weight) == 0
+    assert any(isinstance(m, Derf) and m.weight is None for m in dit.modules())
+
+
+#################################################################################
+#                                  Keel's facts                                 #
+#################################################################################
+
+
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_keel_alpha_is_the_number_of_sublayers_and_the_readout_passes_through(depth: int):
+    trunk = Trunk(TrunkConfig(dim=D, depth=depth, num_heads=HEADS, norm_scheme="keel")).double()
+    for blk in trunk.blocks:
+        for site in (blk.attn_res, blk.mlp_res):
+            assert site.alpha == 2 * depth
+    x, out = torch.randn(2, 3, D, dtype=torch.float64), torch.randn(2, 3, D, dtype=torch.float64)
+    site = trunk.blocks[0].mlp_res
+    inp, state = site.prepare(x)
+    assert state is x
+    torch.testing.assert_close(
+        inp, torch.nn.functional.layer_norm(x, (D,), site.norm_in.weight, site.norm_in.bias, 1e-6)
+    )
+    by_hand = torch.nn.functional.layer_norm(2 * depth * x + out, (D,), site.norm.weight, site.norm.bias, 1e-6)
+    torch.testing.assert_close(site.update(x, out), by_hand)
+    assert torch.equal(trunk.readout(x), x)  # Post-Norm-like: the last update ends on N_1
+
+
+def test_keel_is_registered_with_one_extra_norm_per_sublayer_over_post():
+    keel = Trunk(TrunkConfig(dim=D, depth=2, num_heads=HEADS, norm_scheme=NormScheme.KEEL))
+    post = Trunk(TrunkConfig(dim=D, depth=2, num_heads=HEADS, norm_scheme=NormScheme.POST))
+    extra = sum(p.numel() for p in keel.parameters()) - sum(p.numel() for p in post.parameters())
+    assert extra == 4 * 2 * D  # N_2 at each of the 4 sublayers: weight and bias
