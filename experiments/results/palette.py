@@ -37,6 +37,14 @@ SCHEME_COLOURS: dict[str, str] = {
     "siamese-dyt-llama": "#00441b",  # dark green: siamese's green, darker
     "pre-dyt": "#4f9fd6",  # light blue: pre's blue, lighter (the ViT sweep's DyT cells)
     "siamese-dyt": "#7fc97f",  # light green: siamese's green, lighter
+    "keel": "#a6761d",  # mustard
+    "derf": "#e7298a",  # magenta
+    "derf-gpt2": "#ce1256",  # crimson: derf's magenta, darker
+    "pre-derf-gpt2": "#2166ac",  # steel blue: the Pre-Norm family
+    "mhc-v2": "#addd8e",  # pale olive: mhc's olive, lighter
+    "pre-no-qk-norm": "#9ecae1",  # pale blue: Pre-Norm twins
+    "pre-plain-init": "#3182bd",  # mid blue
+    "pre-qk-full": "#6baed6",  # light steel blue
 }
 EXTRA = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 
