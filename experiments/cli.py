@@ -87,6 +87,7 @@ class SuiteCLI(LightningCLI):
         self._run_dir: Path | None = None  # set while parsing, checked before the trainer is built
         self._argv: list[str] = []
         self._overwrite = False  # --overwrite as given (the saved config records false)
+        self._vae_path: str | None = None  # --model.init_args.vae_path as given (it wins over the data's)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # config.<subcommand>.yaml: the latest one
@@ -126,7 +127,7 @@ class SuiteCLI(LightningCLI):
             ("data.image_size", "model.init_args.img_size"),
             ("data.latent_size", "model.init_args.latent_size"),
             ("data.latent_channels", "model.init_args.latent_channels"),
-            ("data.vae_path", "model.init_args.vae_path"),
+            ("data.vae_path", "model.init_args.vae_path"),  # unless the user gives one: see instantiate_classes
         ]:
             parser.link_arguments(source, target, apply_on="instantiate")
 
@@ -143,10 +144,24 @@ class SuiteCLI(LightningCLI):
         except ArgumentError as err:
             raise SuiteError(explain_parse_error(str(err), argv, _option_names(self, parser, argv))) from None
 
+    def instantiate_classes(self) -> None:
+        """Builds data, model and trainer; a ``--model.init_args.vae_path`` the user gave (command line or a -c
+        file) wins over the one linked from the data (synthetic latents link None: predict could not decode),
+        as every value the user gives wins."""
+        super().instantiate_classes()
+        hparams = getattr(self.model, "hparams", None)
+        if self._vae_path is not None and hparams is not None and "vae_path" in hparams:
+            hparams["vae_path"] = self._vae_path
+            initial = getattr(self.model, "_hparams_initial", None)  # what the logger records as hparams
+            if initial is not None and "vae_path" in initial:
+                initial["vae_path"] = self._vae_path
+
     def before_instantiate_classes(self) -> None:
         """Names the run directory (see :mod:`experiments.reliability.layout`) and records the experiment name
         in the config, so the saved config reruns into the same experiment."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        init_args = config.model.get("init_args") if config.get("model") is not None else None
+        self._vae_path = init_args.get("vae_path") if init_args is not None and "vae_path" in init_args else None
         subcommand = self.subcommand or "fit"
         parser = self._subcommand_parsers.get(self.subcommand, self.parser) if self.subcommand else self.parser
         check_finite_numbers(config, parser.get_defaults(), self._argv)
