@@ -101,6 +101,34 @@ def _cfg(**overrides: Any) -> dict[str, Any]:
 default_cfgs = generate_default_cfgs({f"{PREFIX}{scheme.value}": _cfg() for scheme in NormScheme})
 
 
+def _head_filter(name: str, asked: int | None) -> Callable[[dict, nn.Module], dict]:
+    """timm's ``pretrained_filter_fn`` for ``name``: the weights' classifier is loaded whenever it fits the model.
+
+    timm drops a checkpoint's head (leaving a random one, with only an INFO log) when the model's class count
+    differs from the registered ``pretrained_cfg``'s, which for a weights file (``pretrained_cfg_overlay=
+    dict(file=...)``) is this module's default, not the export's. Here the head's own shape decides: it fits
+    the model, it loads (the config's count is set to it); it does not and the user asked for another count
+    (``num_classes=N``: fine-tuning), timm's fresh head stays; it does not and nobody asked, the load is refused
+    with the count to pass, never a silent random head.
+    """
+
+    def keep_head(state_dict: dict, model: nn.Module) -> dict:
+        head = state_dict.get("head.weight")
+        if head is None:
+            return state_dict
+        rows, classes = int(head.shape[0]), int(getattr(model, "num_classes", 0))
+        if rows == classes:
+            model.pretrained_cfg["num_classes"] = rows  # the same dict timm compares against: the head loads
+        elif asked is None:
+            raise ValueError(
+                f"{name}: the weights' classifier has {rows} classes but the model was built with {classes} "
+                f"(pretrained_cfg's default); pass num_classes={rows} (or num_classes=N for a new head of N classes)"
+            )
+        return state_dict
+
+    return keep_head
+
+
 def _entrypoint(scheme: str) -> Callable[..., SuiteViT]:
     """The registered ``suite_vit_<scheme>`` factory: the trunk's ``norm_scheme`` is the entrypoint's."""
     name = f"{PREFIX}{scheme}"
@@ -109,7 +137,8 @@ def _entrypoint(scheme: str) -> Callable[..., SuiteViT]:
         trunk = dict(kwargs.pop("trunk", None) or {})
         if trunk.setdefault("norm_scheme", scheme) != scheme:
             raise ValueError(f"{name} builds norm_scheme {scheme!r}; its trunk says {trunk['norm_scheme']!r}")
-        return build_model_with_cfg(SuiteViT, name, pretrained, trunk=trunk, **kwargs)
+        keep_head = _head_filter(name, asked=kwargs.get("num_classes"))
+        return build_model_with_cfg(SuiteViT, name, pretrained, trunk=trunk, pretrained_filter_fn=keep_head, **kwargs)
 
     create.__name__ = create.__qualname__ = name
     create.__doc__ = f"The suite's ViT under the {scheme!r} norm scheme (``trunk``: a TrunkConfig dict)."

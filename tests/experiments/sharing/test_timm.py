@@ -114,3 +114,27 @@ def test_the_check_compares_with_the_network(vit_exports, vit_reloaded):
     shifted = Reloaded({**reloaded.outputs, "logits": reloaded.outputs["logits"] + 1e-4}, reloaded.result)
     with pytest.raises(ReloadFailed, match="logits differ"):
         timm_export.compare(module.net, datamodule, image, inputs, shifted)
+
+
+def test_the_plain_weights_file_route_loads_the_head_or_refuses(vit_exports):
+    """``create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=...))``: timm would drop the head
+    whenever the registered default config's class count (1000) differs from the model's, leaving a random one
+    with only an INFO log. With the export's sizes the head loads; without a class count the load is refused
+    with the one to pass; an explicit other count gets timm's fresh head, as asked."""
+    import timm
+
+    import models.wrappers.timm_vit  # noqa: F401 - registers suite_vit_<scheme> here
+
+    _, exports = vit_exports
+    module, run, folder = exports["pre"]
+    args = json.loads((folder / "config.json").read_text())["model_args"]
+    file = {"file": str(folder / "model.safetensors")}
+    loaded = timm.create_model("suite_vit_pre", pretrained=True, pretrained_cfg_overlay=file, **args).eval()
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), module.net(images), atol=1e-5, rtol=0)  # the trained head
+    without = {k: v for k, v in args.items() if k != "num_classes"}
+    with pytest.raises(ValueError, match=r"the weights' classifier has 10 classes .* pass num_classes=10"):
+        timm.create_model("suite_vit_pre", pretrained=True, pretrained_cfg_overlay=file, **without)
+    new_head = timm.create_model("suite_vit_pre", pretrained=True, pretrained_cfg_overlay=file, **{**args, "num_classes": 3})
+    assert new_head.head.out_features == 3  # fine-tuning to 3 classes: asked for, so timm's fresh head
