@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 from experiments.reliability.errors import CheckpointError
 from experiments.reliability.layout import trainer_run_dir
 from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
+from experiments.reliability.sharded import sharded_view
 from fileio import atomic_file
 
 INTERRUPTED_NAME = "interrupted.ckpt"
@@ -165,7 +166,8 @@ def check_checkpoint_fits(model: L.LightningModule, path: str) -> None:
     The message names the hyperparameters that differ, from the checkpoint's saved hparams:
     "checkpoint X was trained with norm_scheme=siamese, dim=64; this config has norm_scheme=pre, dim=32".
     """
-    ckpt = load_checkpoint(path, mmap=True)  # tensors and plain data only
+    # tensors and plain data only; a sharded checkpoint's shapes come from its metadata, its shards stay unread
+    ckpt = sharded_view(path) if Path(path).is_dir() else load_checkpoint(path, mmap=True)
     state = ckpt.get("state_dict")
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds no 'state_dict'; it is not a Lightning checkpoint")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from experiments.reliability.errors import CheckpointError, SuiteError
+from experiments.reliability.sharded import consolidated, sharded_problem
 
 # Plain types beyond torch's defaults that a suite checkpoint may hold. Empty on purpose: everything the
 # suite writes is tensors, dicts, lists, tuples, str, int, float, bool and None. Add a type here only if
@@ -45,13 +46,14 @@ def checkpoint_problem(path: str | Path) -> str | None:
     """Why ``path`` is not a readable checkpoint ("does not exist", "is truncated ..."), or None.
 
     Cheap: reads the zip central directory torch.save writes at the end of the file, which a file cut
-    short lacks. A sharded (directory) checkpoint is not inspected.
+    short lacks. A sharded checkpoint (a folder) must be complete and its ``.metadata`` safe to unpickle
+    (:mod:`experiments.reliability.sharded`).
     """
     path = Path(path)
     if not path.exists():
         return "does not exist"
     if path.is_dir():
-        return None
+        return sharded_problem(path)
     size = path.stat().st_size
     if size == 0:
         return "is empty (0 bytes)"
@@ -83,7 +85,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     """Reads a checkpoint written by ``torch.save`` without running code from it.
 
     Args:
-        path: the file.
+        path: the file, or a sharded checkpoint's folder (read through its one-file form, made once and cached
+            inside the folder: :func:`experiments.reliability.sharded.consolidated`).
         map_location: passed to ``torch.load`` (CPU by default).
         mmap: memory-map the tensors instead of reading them (cheap inspection of a large file).
 
@@ -93,6 +96,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     path = Path(path)
     if problem := checkpoint_problem(path):
         raise CheckpointError(f"checkpoint {path} {problem}")
+    if path.is_dir():
+        path = consolidated(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap or None)
     except pickle.UnpicklingError as err:

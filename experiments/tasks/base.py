@@ -13,6 +13,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.monitoring.hparams import declare_hparams
+from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_sequence_parallel_grads
+from experiments.parallel.clip import clip_grad_norm
+from experiments.parallel.shard import TP
 from experiments.tasks.optim import OptimConfig, build_optimizer
 from models import TrunkConfig
 
@@ -31,9 +34,49 @@ class TaskModule(L.LightningModule):
     key_metric: str = "val/loss"
     test_metrics: tuple[str, ...] = ()
 
-    def __init__(self, trunk: TrunkConfig, optim: OptimConfig) -> None:
+    def __init__(self, trunk: TrunkConfig, optim: OptimConfig, parallel: ParallelConfig | None = None) -> None:
         super().__init__()
         self.trunk_cfg, self.optim_cfg = trunk, optim
+        self.parallel_cfg = parallel or ParallelConfig()
+
+    @property
+    def sequence_length(self) -> int | None:
+        """The trunk's token count per sample when the task knows it before the first batch (tensor parallelism
+        checks it divides); None when it does not."""
+        return None
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy``: tensor parallelism (``tensor_parallel_size`` > 1), then FSDP2, applied to
+        the network (and to its EMA copy, the same way, so the two stay shard for shard). Every other strategy
+        leaves the module as it is. Lightning calls this at every stage; the second call does nothing.
+
+        Raises:
+            ValueError: a network or trunk the mesh cannot shard (one line saying why and what is valid).
+        """
+        mesh = self._device_mesh
+        if mesh is None or is_parallelized(self.net):
+            return
+        if getattr(self.net, "trunk", None) is None:
+            raise ValueError(f"{type(self).__name__} has no trunk to shard; valid strategies for it: auto, ddp")
+        parallelize(self.net, mesh, self.parallel_cfg, self.sequence_length)
+        ema = getattr(self, "ema", None)
+        if isinstance(ema, torch.nn.Module):
+            parallelize(ema.module, mesh, self.parallel_cfg, self.sequence_length)
+
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        # Tensor parallelism puts parameters on two meshes, which torch's clip_grad_norm_ cannot stack: the same
+        # norm, computed per mesh (experiments.parallel.clip). Every other case is Lightning's own clipping.
+        mesh = self._device_mesh
+        if mesh is None or mesh[TP].size() == 1 or not gradient_clip_val or gradient_clip_algorithm == "value":
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        clip_grad_norm(self.net.parameters(), gradient_clip_val)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Tensor parallelism: the gradients each rank took from its share of the sequence, summed (before clipping).
+        if self._device_mesh is not None:
+            sync_sequence_parallel_grads(self.net, self._device_mesh)
 
     @property
     def scheme(self) -> str:

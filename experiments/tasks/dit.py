@@ -15,6 +15,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from experiments.evaluation.fid.metric import FID_FEATURE_DIMS
+from experiments.parallel import ParallelConfig
 from experiments.tasks.base import TaskModule
 from experiments.tasks.diffusion import (
     check_sampling_settings,
@@ -68,6 +69,7 @@ class LatentDiffusion(TaskModule):
         sample_seed: sample i draws its noise from ``sample_seed * 2**32 + i``.
         sample_grid_every_n_val: log a sample grid to TensorBoard every n validations (0: never).
         output_dir: where ``predict`` writes PNGs and the ``.npz`` batch (default: the run dir).
+        parallel: FSDP2 settings under ``ModelParallelStrategy`` (``configs/trainer/fsdp2.yaml``).
     """
 
     task = "dit"
@@ -102,8 +104,9 @@ class LatentDiffusion(TaskModule):
         sample_seed: int = 0,
         sample_grid_every_n_val: int = 1,
         output_dir: str | None = None,
+        parallel: ParallelConfig | None = None,
     ) -> None:
-        super().__init__(trunk, optim)
+        super().__init__(trunk, optim, parallel)
         check_sampling_settings(
             sampler, sample_steps, guidance_scale, cfg_channels, latent_channels, ema_decay, class_dropout_prob
         )
@@ -124,6 +127,10 @@ class LatentDiffusion(TaskModule):
         self._val_count = 0
 
     # ----------------------------------------------------------------------------- training
+    @property
+    def sequence_length(self) -> int:
+        return self.net.pos_embed.shape[1]  # latent patches
+
     def diffusion_loss(self, net: DiT, latents: Tensor, labels: Tensor, generator=None) -> Tensor:
         """MSE between true and predicted noise at a random timestep (+ the VLB term if learned sigma)."""
         T = self.train_scheduler.config.num_train_timesteps

@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
 from experiments.evaluation.downstream import DownstreamConfig, evaluate_at_test
+from experiments.parallel import ParallelConfig
 from experiments.reliability.checkpointing import stop_requested
 from experiments.tasks.base import TaskModule
 from experiments.tasks.optim import OptimConfig
@@ -55,6 +56,7 @@ class LanguageModeling(TaskModule):
         init_from: a folder written by ``python -m experiments export`` to start ``fit`` from (fine-tuning): its
             weights replace the fresh init (a resumed fit then restores its checkpoint over them; ``test`` and
             ``predict`` never read it); its trunk must be this one (dropouts and recomputation may differ).
+        parallel: FSDP2 settings under ``ModelParallelStrategy`` (``configs/trainer/fsdp2.yaml``).
     """
 
     task = "lm"
@@ -73,8 +75,9 @@ class LanguageModeling(TaskModule):
         top_k: Annotated[int, Ge(1)] | None = 40,
         downstream: DownstreamConfig | None = None,
         init_from: str | None = None,
+        parallel: ParallelConfig | None = None,
     ) -> None:
-        super().__init__(trunk, optim)
+        super().__init__(trunk, optim, parallel)
         self.save_hyperparameters()
         self.net = LanguageModel(trunk, vocab_size, max_seq_len=seq_len, tie_embeddings=tie_embeddings)
         self.moe_aux_weight = moe_aux_weight if trunk.moe_experts else 0.0
@@ -89,6 +92,10 @@ class LanguageModeling(TaskModule):
         super().setup(stage)
         if stage == "fit" and self.hparams.init_from is not None:
             load_suite_export(self.net, self.hparams.init_from)
+
+    @property
+    def sequence_length(self) -> int:
+        return self.hparams.seq_len
 
     @property
     def routing_record(self) -> dict | None:

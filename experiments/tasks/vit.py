@@ -15,6 +15,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from experiments.parallel import ParallelConfig
 from experiments.tasks.base import TaskModule
 from experiments.tasks.optim import OptimConfig
 from models import TrunkConfig, ViTClassifier
@@ -35,6 +36,7 @@ class ImageClassification(TaskModule):
         mixup_switch_prob: chance of CutMix instead of Mixup when both are on.
         label_smoothing: smoothing of the (mixed) targets.
         ema_decay: keep an EMA of the weights and evaluate it (None disables; DeiT: 0.99996).
+        parallel: FSDP2 settings under ``ModelParallelStrategy`` (``configs/trainer/fsdp2.yaml``).
     """
 
     task = "vit"
@@ -54,8 +56,9 @@ class ImageClassification(TaskModule):
         mixup_switch_prob: Annotated[float, Interval(ge=0, le=1)] = 0.5,
         label_smoothing: Annotated[float, Interval(ge=0, lt=1)] = 0.1,
         ema_decay: Annotated[float, Interval(gt=0, lt=1)] | None = None,
+        parallel: ParallelConfig | None = None,
     ) -> None:
-        super().__init__(trunk, optim)
+        super().__init__(trunk, optim, parallel)
         self.save_hyperparameters()
         self.net = ViTClassifier(trunk, img_size, patch_size, 3, num_classes, drop_rate)
         self.mixup = (
@@ -78,6 +81,10 @@ class ImageClassification(TaskModule):
         self.acc5 = torch.nn.ModuleDict(
             {s: MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro") for s in splits}
         )
+
+    @property
+    def sequence_length(self) -> int:
+        return self.net.patch_embed.num_patches + 1  # + the class token
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)

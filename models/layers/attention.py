@@ -72,11 +72,14 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=bias)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, is_causal: bool = False) -> Tensor:
-        B, N, D = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, D).unbind(2)  # (B, N, D) each
+        qkv = self.qkv(x)  # (B, N, 3D)
+        # Shapes from qkv, not x: under tensor parallelism (experiments.parallel) x is this rank's share of the
+        # sequence and qkv holds the whole sequence for this rank's heads only.
+        B, N, _ = qkv.shape
+        q, k, v = qkv.view(B, N, 3, -1).unbind(2)  # (B, N, D) each
         if self.full_qk_norm:  # one vector of all heads' q (k), normalized before the head split
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (t.view(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, N, Dh)
+        q, k, v = (t.view(B, N, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, N, Dh)
         if not self.full_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         v = self.v_norm(v)
@@ -84,4 +87,4 @@ class Attention(nn.Module):
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         dropout = self.attn_drop if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=is_causal)
-        return self.proj(out.transpose(1, 2).reshape(B, N, D))  # (B, H, N, Dh) -> (B, N, D)
+        return self.proj(out.transpose(1, 2).reshape(B, N, -1))  # (B, H, N, Dh) -> (B, N, D)

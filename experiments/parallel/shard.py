@@ -1,0 +1,98 @@
+"""FSDP2 over the data-parallel mesh dimension, after tensor parallelism over the other (torchtitan's order).
+
+    parallelize(net, mesh, config)
+      0. fused projections held as their parts (experiments.parallel.packed), at every mesh size
+      1. tensor_parallel > 1: experiments.parallel.tensor (per Block, in place)
+      2. fully_shard(block) for every trunk Block, then fully_shard(net) for what is left (embeddings, heads,
+         readout): one all-gather per Block in forward and in backward, one reduce-scatter per Block
+      3. the names of the sequence-parallel parameters kept on the net, for sync_sequence_parallel_grads
+
+Activation checkpointing stays the trunk's own switch (``trunk.activation_checkpointing``): it recomputes each
+Block inside ``forward_state``, which composes with fully_shard (the Block's parameters are gathered again for
+the recomputation). The network is built and initialized on every rank before this (the same seed gives the
+same init everywhere), so the sharded init is the one-process init, cut into shards.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from experiments.parallel.config import DTYPES, ParallelConfig
+from experiments.parallel.packed import pack_trunk
+from experiments.parallel.tensor import apply_tensor_parallel, check_tensor_parallel, sequence_parallel_params
+from models.trunk import Trunk
+
+DP, TP = "data_parallel", "tensor_parallel"  # Lightning's ModelParallelStrategy names its mesh dimensions so
+SP_PARAMS = "_sequence_parallel_params"  # attribute on the net: names of the parameters synced over TP
+
+
+def is_parallelized(net: nn.Module) -> bool:
+    """Whether :func:`parallelize` already ran on ``net`` (``configure_model`` runs at every stage)."""
+    return hasattr(net, SP_PARAMS)
+
+
+def trunk_of(net: nn.Module) -> Trunk:
+    trunk = getattr(net, "trunk", None)
+    if not isinstance(trunk, Trunk):
+        raise TypeError(f"{type(net).__name__} has no trunk to parallelize")
+    return trunk
+
+
+def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_len: int | None = None) -> nn.Module:
+    """Applies tensor parallelism (if the mesh has a tensor-parallel size above 1) and FSDP2 to ``net``, in place.
+
+    Args:
+        net: a suite network with a ``trunk`` (LanguageModel, ViTClassifier, DiT), initialized the same on every rank.
+        mesh: a 2-D mesh named ("data_parallel", "tensor_parallel"), as ``ModelParallelStrategy`` builds it.
+        config: mixed precision and resharding.
+        seq_len: the trunk's sequence length when known before the first batch (checked against the TP size).
+
+    Raises:
+        ValueError: a trunk this plan cannot shard over the tensor-parallel size (one line saying why).
+    """
+    trunk = trunk_of(net)
+    tp = mesh[TP].size()
+    sp_names: list[str] = []
+    pack_trunk(trunk)  # at every mesh size: one checkpoint layout whatever the tensor-parallel size
+    if tp > 1:
+        check_tensor_parallel(trunk, tp, seq_len)
+        apply_tensor_parallel(trunk, mesh[TP])
+        names = {id(p): n for n, p in net.named_parameters()}
+        sp_names = [names[id(p)] for p in sequence_parallel_params(trunk)]
+    device_type = mesh.device_type
+    policy = MixedPrecisionPolicy(
+        param_dtype=config.param_torch_dtype(device_type), reduce_dtype=DTYPES[config.reduce_dtype]
+    )
+    dp_mesh = mesh[DP]
+    for block in trunk.blocks:
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
+    fully_shard(net, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
+    setattr(net, SP_PARAMS, tuple(sp_names))
+    return net
+
+
+@torch.no_grad()
+def sync_sequence_parallel_grads(net: nn.Module, mesh: DeviceMesh) -> None:
+    """Sums over the tensor-parallel group the gradients each rank computed from its own share of the sequence
+    (or its own heads), so every rank steps with the whole gradient. A no-op without tensor parallelism."""
+    names = getattr(net, SP_PARAMS, ())
+    if not names or mesh[TP].size() == 1:
+        return
+    group = mesh[TP].get_group()
+    grads = []
+    for name in names:
+        grad = net.get_parameter(name).grad
+        if grad is not None:
+            grads.append(grad._local_tensor if isinstance(grad, DTensor) else grad)  # this rank's FSDP shard
+    if grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for all of them
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
