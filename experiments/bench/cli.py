@@ -19,6 +19,8 @@ from experiments.bench.report import Row, machine_info, write_report
 from experiments.bench.run import RECOMPUTE_LABELS, RunSpec, bench_tasks
 from experiments.bench.scaling import ScalingRow, bench_scaling, scaling_workloads, write_scaling
 from experiments.bench.workloads import SIZES, TASKS, Workload
+from experiments.reliability.errors import ArgumentParser, UsageExit
+from fileio.checks import number
 from models.norms import NormLayer
 from models.schemes import NormScheme
 
@@ -29,15 +31,17 @@ def parse_schemes(text: str) -> list[str]:
     ``siamese,siamese@off`` measures recomputation."""
     names = [s.value for s in NormScheme] if text == "all" else [s.strip() for s in text.split(",") if s.strip()]
     valid = {s.value for s in NormScheme}
+    if not names:
+        raise UsageExit(f"--schemes {text!r} names no scheme; valid: all, or a comma list of {', '.join(sorted(valid))}")
     for s in names:
         base, at, recompute = s.partition("@")
         scheme, colon, layer = base.partition(":")
         if scheme not in valid:
-            raise SystemExit(f"error: unknown scheme {scheme!r}; valid: all, {', '.join(sorted(valid))}")
+            raise UsageExit(f"unknown scheme {scheme!r}; valid: all, {', '.join(sorted(valid))}")
         if colon and layer not in {n.value for n in NormLayer}:
-            raise SystemExit(f"error: unknown norm layer in {s!r}; valid: {', '.join(n.value for n in NormLayer)}")
+            raise UsageExit(f"unknown norm layer in {s!r}; valid: {', '.join(n.value for n in NormLayer)}")
         if at and recompute not in RECOMPUTE_LABELS:
-            raise SystemExit(f"error: unknown recompute suffix {s!r}; valid: {scheme}@on, {scheme}@off, {scheme}@auto")
+            raise UsageExit(f"unknown recompute suffix {s!r}; valid: {scheme}@on, {scheme}@off, {scheme}@auto")
     seen: dict[str, int] = {}
     labels = []
     for s in names:
@@ -48,24 +52,23 @@ def parse_schemes(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     summary = sys.modules[__package__].__doc__.split("\n\n")[0]  # the package docstring's first paragraph
-    p = argparse.ArgumentParser(prog="python -m experiments.bench", description=summary)
+    p = ArgumentParser(prog="python -m experiments bench", description=summary)
     p.add_argument("--task", choices=[*TASKS, "moe", "all"], default="all", help="all: lm, vit, dit (not moe)")
     p.add_argument("--size", choices=list(SIZES), default="tiny")
     p.add_argument("--schemes", default="all", help="comma list of norm schemes, or 'all'")
-    p.add_argument("--steps", type=int, default=15, help="measured rounds (each steps every candidate once)")
-    p.add_argument("--warmup", type=int, default=3, help="unmeasured rounds first")
-    p.add_argument("--batch-size", type=int, default=None, help="override the size's batch")
+    p.add_argument("--steps", default=15, help="measured rounds (each steps every candidate once)")
+    p.add_argument("--warmup", default=3, help="unmeasured rounds first")
+    p.add_argument("--batch-size", default=None, help="override the size's batch")
     p.add_argument("--compile", action="store_true", help="torch.compile every network")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
     p.add_argument("--no-reference", action="store_true", help="skip timm / diffusers / transformers")
-    p.add_argument("--data-batches", type=int, default=200, help="batches timed from the text DataModule (0: skip)")
+    p.add_argument("--data-batches", default=200, help="batches timed from the text DataModule (0: skip)")
     p.add_argument("--data-dir", default="data/text", help="text DataModule shard cache")
     p.add_argument("--profile", action="store_true", help="also write torch.profiler op tables per scheme")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument(
         "--threads",
-        type=int,
         default=1,
         help="torch intra-op threads on CPU (default 1: on a shared machine extra OpenMP threads stall at "
         "barriers and multiply step times; 0 keeps torch's default)",
@@ -81,8 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--scaling", action="store_true", help="run the scaling sweep instead of the tables")
     scaling.add_argument("--widths", default="128,512,1024", help="widths, at --width-depth blocks")
     scaling.add_argument("--depths", default="2,4,8", help="depths, at --depth-width")
-    scaling.add_argument("--width-depth", type=int, default=2)
-    scaling.add_argument("--depth-width", type=int, default=256)
+    scaling.add_argument("--width-depth", default=2)
+    scaling.add_argument("--depth-width", default=256)
     scaling.add_argument("--scaling-batch", default="8x128", help="sequences x tokens per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<task>-<size>, or scaling)")
@@ -94,16 +97,32 @@ def _ints(text: str, flag: str) -> list[int]:
         values = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
-        raise SystemExit(f"error: {flag} {text!r}; valid: positive integers separated by commas")
+    if not values or min(values) < 1 or max(values) > MAX_SIZE:
+        raise UsageExit(f"{flag} {text!r}; valid: integers from 1 to {MAX_SIZE} separated by commas")
     return values
+
+
+MAX_SIZE = 1 << 16  # a width, depth, sequence count or length of the scaling sweep (65536: far past any GPU)
+MAX_ROUNDS = 10_000  # measured / warm-up rounds: each steps every candidate once (10k rounds of 13 schemes: hours)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every count and size of the command line checked before anything is built (one line each)."""
+    where = "command line"
+    args.steps = number(args.steps, "--steps", kind=int, low=1, high=MAX_ROUNDS, where=where)
+    args.warmup = number(args.warmup, "--warmup", kind=int, low=0, high=MAX_ROUNDS, where=where)
+    args.threads = number(args.threads, "--threads", kind=int, low=0, high=4096, where=where)
+    args.data_batches = number(args.data_batches, "--data-batches", kind=int, low=0, high=1_000_000, where=where)
+    if args.batch_size is not None:
+        args.batch_size = number(args.batch_size, "--batch-size", kind=int, low=1, high=1 << 20, where=where)
+    args.width_depth = number(args.width_depth, "--width-depth", kind=int, low=1, high=1024, where=where)
+    args.depth_width = number(args.depth_width, "--depth-width", kind=int, low=1, high=1 << 16, where=where)
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        raise SystemExit("error: --steps must be >= 1 and --warmup >= 0")
+    check_numbers(args)
     if args.threads and args.device == "cpu":
         torch.set_num_threads(args.threads)
     schemes = parse_schemes(args.schemes)
@@ -139,10 +158,10 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
 def scaling_main(args: argparse.Namespace, spec: RunSpec, opts: Options, header: dict[str, str]) -> list[ScalingRow]:
     """``--scaling``: :mod:`experiments.bench.scaling` over the requested widths and depths."""
     if args.task not in ("lm", "all"):
-        raise SystemExit(f"error: --scaling sweeps the LM; got --task {args.task}; valid: --task lm")
+        raise UsageExit(f"--scaling sweeps the LM; got --task {args.task}; valid: --task lm")
     batch = _ints(args.scaling_batch, "--scaling-batch")
     if len(batch) != 2:
-        raise SystemExit(f"error: --scaling-batch {args.scaling_batch!r}; valid: SEQUENCESxTOKENS, e.g. 8x128")
+        raise UsageExit(f"--scaling-batch {args.scaling_batch!r}; valid: SEQUENCESxTOKENS, e.g. 8x128")
     shapes = scaling_workloads(
         _ints(args.widths, "--widths"), _ints(args.depths, "--depths"), args.width_depth, args.depth_width, *batch
     )

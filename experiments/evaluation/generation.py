@@ -161,6 +161,11 @@ class FidToReference:
         return mean_term + self.trace + float((centred * centred).sum()) / (n - 1) - 2 * float(cross)
 
 
+# Resamples ``fid --bootstrap`` may ask for: each costs one FID of N samples (seconds at 50k), and the std of
+# 1,000 is within a few percent of its limit; 10,000 is already hours.
+MAX_BOOTSTRAP = 10_000
+
+
 def fid_bootstrap(real: RealStats, features: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
     """FID of ``draws`` resamples of the (N, D) sample features, each N drawn with replacement (seeded).
 
@@ -168,15 +173,16 @@ def fid_bootstrap(real: RealStats, features: np.ndarray, draws: int, seed: int =
     generator fixed: two models whose FIDs differ by less than that are not told apart by N samples. (A
     resample repeats images, so its FID sits above the full set's; the spread, not the level, is what it is for.)
     """
-    if draws < 2:
-        raise ValueError(f"fid bootstrap: {draws} resamples; valid: 2 or more")
+    if not 2 <= draws <= MAX_BOOTSTRAP:
+        raise ValueError(f"fid bootstrap: {draws} resamples; valid: 2 to {MAX_BOOTSTRAP:,}")
     feats = np.asarray(features, dtype=np.float64)
     if feats.ndim != 2 or len(feats) < 2 or feats.shape[1] != len(real.mu):
         raise ValueError(f"fid bootstrap: features of shape {feats.shape}; valid: (N >= 2, {len(real.mu)})")
     fid = FidToReference(real)
     projected = feats @ fid.root  # once: a resample's projection is its rows of this
-    index = np.random.default_rng(seed).integers(0, len(feats), size=(draws, len(feats)))
-    return np.array([fid(feats[rows], projected[rows]) for rows in index])
+    rng = np.random.default_rng(seed)  # one resample's indices at a time: the same draws as one (draws, N) array
+    return np.array([fid(feats[rows], projected[rows]) for rows in (rng.integers(0, len(feats), len(feats))
+                                                                     for _ in range(draws))])  # fmt: skip
 
 
 def kid(real: Tensor, fake: Tensor, seed: int = 2020) -> tuple[float, float, int]:

@@ -14,6 +14,7 @@ configs and data readers raise with readable messages, jsonargparse's parse erro
 
 from __future__ import annotations
 
+import argparse
 import errno
 import re
 
@@ -32,6 +33,28 @@ class CheckpointError(SuiteError):
 
 class OutputDirError(SuiteError):
     """The run directory cannot be created or written (a file in the way, read-only, disk full)."""
+
+
+class UsageExit(SuiteError, SystemExit):
+    """A :class:`SuiteError` that is also a ``SystemExit``, for a tool that may run outside ``python -m
+    experiments`` too (``python -m experiments.bench``): there Python prints ``error: <message>`` and exits,
+    with no traceback; through ``python -m experiments`` it is the usual one line with exit status 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = f"error: {message}"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the suite's tools: a bad or missing option raises :class:`UsageExit` (one ``error:`` line,
+    exit status 2, through ``python -m experiments``) instead of printing the usage block and exiting itself.
+
+        ArgumentParser(prog="python -m experiments bench").parse_args(["--nope"])
+        -> UsageExit("unrecognized arguments: --nope; see python -m experiments bench --help")
+    """
+
+    def error(self, message: str) -> None:
+        raise UsageExit(f"{message}; see {self.prog} --help")
 
 
 # Errors of the operating system that are about the user's environment, not about the code.
@@ -116,7 +139,7 @@ def describe(exc: BaseException) -> tuple[int, str] | None:
         interrupt = exc if isinstance(exc, KeyboardInterrupt) else exc.__context__
         notes = getattr(interrupt, "__notes__", None)
         return SIGINT_EXIT, notes[-1] if notes else "interrupted by SIGINT (Ctrl-C)"
-    if isinstance(exc, SystemExit):
+    if isinstance(exc, SystemExit) and not isinstance(exc, SuiteError):  # (a UsageExit is both)
         return None
     if not _is_user_error(exc):
         return None

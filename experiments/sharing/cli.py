@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.monitoring.records import SUMMARY_FILE
-from experiments.reliability.errors import CheckpointError, SuiteError
+from experiments.reliability.errors import ArgumentParser, CheckpointError, SuiteError
 from experiments.reliability.layout import run_dir_of_checkpoint
 from experiments.sharing.card import write_card
 from experiments.sharing.checkpoint import RunCheckpoint, read_run_checkpoint
@@ -40,15 +40,8 @@ FORMATS = {
 DEFAULT_FORMAT = {task: name for name, (task, _) in FORMATS.items()}
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are the suite's one-line errors (exit 2) instead of usage plus a message."""
-
-    def error(self, message: str) -> None:
-        raise SuiteError(f"export: {message}; see python -m experiments export --help")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m experiments export", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m experiments export", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--ckpt", required=True, help="a run's checkpoint, e.g. runs/lm/tiny/siamese/checkpoints/last.ckpt"
     )

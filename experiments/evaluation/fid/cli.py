@@ -33,16 +33,17 @@ from experiments.evaluation.fid.images import ImageSet
 from experiments.evaluation.fid.metric import FID_FEATURE_DIMS, build_feature_extractor
 from experiments.evaluation.fid.reference import open_reference
 from experiments.evaluation.fid.stats import save_real_stats
+from experiments.evaluation.generation import MAX_BOOTSTRAP
 from experiments.reliability.devices import check_device
-from experiments.reliability.errors import SuiteError
-from fileio.checks import new_file, number
+from experiments.reliability.errors import ArgumentParser, SuiteError
+from fileio.checks import InputError, new_file, number
 
 EXIT_BAD_INPUT = 2
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m experiments fid",
         description="FID, KID, precision / recall and Inception Score of SAMPLES against REFERENCE.",
     )
@@ -79,9 +80,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> None:
     """Every option checked before anything is read or computed (one-line errors)."""
     args.batch_size = number(args.batch_size, "--batch-size", kind=int, low=1)
-    args.bootstrap = number(args.bootstrap, "--bootstrap", kind=int, low=0)
+    valid = f"valid: 0 (off) or 2 to {MAX_BOOTSTRAP:,} resamples"
+    try:
+        args.bootstrap = number(args.bootstrap, "--bootstrap", kind=int, low=0, high=MAX_BOOTSTRAP)
+    except InputError as err:
+        raise InputError(f"{str(err).split('; valid')[0]}; {valid}") from None
     if args.bootstrap == 1:
-        raise ValueError("--bootstrap: 1 resample has no spread; valid: 0 (off) or 2 and more")
+        raise ValueError(f"--bootstrap=1: 1 resample has no spread; {valid}")
     if args.image_size is not None:
         args.image_size = number(args.image_size, "--image-size", kind=int, low=1)
     check_device(args.device)
