@@ -84,6 +84,7 @@ BOUNDS: dict[str, Bound] = {
     "mix_ratio": Bound(0, 1),
     "init_std": Bound(0, low_open=True),
     "mhc_streams": Bound(1, integer=True),
+    "attn_res_block_size": Bound(1, integer=True),
     "dyt_alpha_init": Bound(0, low_open=True),
     "dyt_alpha_init_attn": Bound(0, low_open=True, optional=True),
     "dyt_alpha_init_mlp": Bound(0, low_open=True, optional=True),
@@ -150,6 +151,8 @@ class TrunkConfig:
         mhc_variant: mHC's form (:mod:`models.schemes.mhc`): "paper" (the paper's equations as DeepSeek-V4 and
             Megatron-LM run them: one projection of the flattened streams, softmax-first Sinkhorn with eps) or
             "mhcv2" (lucidrains' mHCv2: each stream normalized and projected on its own).
+        attn_res_block_size: Block AttnRes (``block_attn_res``): consecutive sublayers summed into one source
+            (2: one transformer block; the paper's ~8 blocks are ``2 * depth / 8``).
     """
 
     dim: int = 256
@@ -189,6 +192,7 @@ class TrunkConfig:
     recompute_norms: bool | Literal["auto"] = "auto"
     mhc_streams: int = 4
     mhc_variant: str = "paper"
+    attn_res_block_size: int = 2
 
     def __post_init__(self) -> None:
         """Refuses any out-of-range field in one line naming it (``BOUNDS``), then the names and cross-checks."""
@@ -231,6 +235,7 @@ class TrunkConfig:
             self.hybrid_depth_scaling,
             mhc_streams=self.mhc_streams,
             mhc_variant=self.mhc_variant,
+            attn_res_block_size=self.attn_res_block_size,
         )
 
     def dyt_init(self, kind: str) -> DyTInit:

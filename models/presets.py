@@ -89,7 +89,8 @@ _OLMO2_QK = dict(qk_norm=True, qk_norm_scope="full")
 # fmt: off
 RECIPES: dict[str, Recipe] = {
     **{name: Recipe(_PLAIN) for name in ("pre", "post", "peri", "deepnorm", "mixln", "hybrid", "resi_dual",
-                                          "resi_dual_hybrid", "hyper", "siamese", "siamese_hybrid", "mhc", "keel")},
+                                          "resi_dual_hybrid", "hyper", "siamese", "siamese_hybrid", "mhc", "keel",
+                                          "attn_res", "block_attn_res")},
     "hybrid-depth-scaling": Recipe("SiameseNorm paper, Table 3 ablation: a scheme switch",
                                    dict(norm_scheme="hybrid", hybrid_depth_scaling=True)),
     "siamese_hybrid-no-depth-scaling": Recipe("SiameseNorm paper, Table 3 ablation: a scheme switch",

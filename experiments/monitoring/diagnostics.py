@@ -26,7 +26,8 @@ shows them whatever ``log_every_n_steps`` is), under these stable tags:
                                       share x E), ``load_ratio`` (their counts' ratio); see models.layers.moe
 
 Streams (:func:`stream_dict`): ``x`` for one stream (Pre-, Post-, Peri-Norm, DeepNorm, Mix-LN, HybridNorm,
-LayerNorm Scaling, the reordered norm), ``post``/``pre`` (SiameseNorm), ``post``/``delta`` (ResiDual),
+LayerNorm Scaling, the reordered norm, Keel; Attention Residuals: the latest block's sum of outputs),
+``post``/``pre`` (SiameseNorm), ``post``/``delta`` (ResiDual),
 ``h0``/``h1`` (Hyper-Connections), ``h0`` .. ``h{n-1}`` (mHC's n streams).
 
 Lightning 2.6 calls ``on_before_optimizer_step`` after backward (and after AMP unscaling) and only then
@@ -45,7 +46,7 @@ from torch.utils.hooks import RemovableHandle
 
 from models.layers import Routing, expert_usage
 from models.norms import POINTWISE, Derf
-from models.schemes import State
+from models.schemes import DepthSources, State
 from models.trunk import Trunk
 
 #: ``|alpha x (+ s)|`` above which a point-wise norm's input counts as saturated (``diag/saturation``).
@@ -54,6 +55,8 @@ SATURATION_Z = 2.0
 
 def stream_dict(state: State) -> dict[str, Tensor]:
     """Names each residual stream of a trunk state: ``{"x": ...}``, ``{"post", "pre"}``, ``{"h0", "h1"}`` ..."""
+    if isinstance(state, DepthSources):  # Attention Residuals: the latest block's sum of sublayer outputs
+        return {"x": state.partial}
     if isinstance(state, tuple):  # TwoStream / DualStream NamedTuples
         return dict(state._asdict())
     if state.ndim == 4:  # Hyper-Connections: (B, N, n, D), the n copies on dim -2

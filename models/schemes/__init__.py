@@ -1,8 +1,9 @@
 """Norm schemes: one registered class per normalization placement (equations: docs/schemes.md)."""
 
-from models.schemes import hyper, mhc, single_stream, two_stream  # noqa: F401  (registers every scheme)
+from models.schemes import attn_res, hyper, mhc, single_stream, two_stream  # noqa: F401  (registers every scheme)
 from models.schemes.base import (
     SCHEMES,
+    DepthSources,
     DualStream,
     HybridDual,
     NormScheme,
@@ -18,6 +19,7 @@ from models.schemes.base import (
 
 __all__ = [
     "SCHEMES",
+    "DepthSources",
     "DualStream",
     "HybridDual",
     "NormScheme",

@@ -44,6 +44,8 @@ class NormScheme(StrEnum):
     LNS = "lns"
     REORDERED = "reordered"
     KEEL = "keel"
+    ATTN_RES = "attn_res"
+    BLOCK_ATTN_RES = "block_attn_res"
 
 
 class TwoStream(NamedTuple):
@@ -67,7 +69,15 @@ class HybridDual(NamedTuple):
     delta: Tensor
 
 
-State = Tensor | TwoStream | DualStream | HybridDual
+class DepthSources(NamedTuple):
+    """Attention Residuals' state: the completed blocks ``(K, B, N, D)`` (the embedding first) and the open block's
+    partial sum ``(B, N, D)``."""
+
+    blocks: Tensor
+    partial: Tensor
+
+
+State = Tensor | TwoStream | DualStream | HybridDual | DepthSources
 SiteKind = Literal["attn", "mlp", "readout"]
 
 
@@ -84,6 +94,7 @@ class SchemeOptions:
         mhc_streams: mHC's number of residual streams n.
         mhc_variant: mHC's form: "paper" (one projection of the flattened streams, DeepSeek-V4's Sinkhorn) or
             "mhcv2" (lucidrains' mHCv2: each stream normalized and projected on its own).
+        attn_res_block_size: Block AttnRes: sublayers per block (2: one transformer block per source).
     """
 
     mix_ratio: float = 0.25
@@ -92,6 +103,7 @@ class SchemeOptions:
     hybrid_depth_scaling: bool = False
     mhc_streams: int = 4
     mhc_variant: str = "paper"
+    attn_res_block_size: int = 2
 
 
 @dataclass(frozen=True)

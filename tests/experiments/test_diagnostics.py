@@ -46,6 +46,8 @@ def hand_streams(state, scheme: str) -> dict[str, Tensor]:
         return {n: state[:, :, i, :] for i, n in enumerate(names)}  # (B, N, n, D)
     if len(names) == 2:
         return {n: getattr(state, n) for n in names}
+    if scheme in ("attn_res", "block_attn_res"):  # DepthSources: the open (latest) block's sum of outputs
+        return {"x": state.partial}
     return {"x": state}
 
 

@@ -31,6 +31,7 @@ CASES: dict[str, tuple[list, list]] = {
     "mix_ratio": ([-0.25, 1.01, math.nan], [0.0, 0.25, 1.0]),
     "init_std": ([0.0, -0.02, math.inf], [1e-4, 0.02]),
     "mhc_streams": ([0, -1, 2.5, True], [1, 4]),
+    "attn_res_block_size": ([0, -2, 1.5, True], [1, 2, 8]),
     "dyt_alpha_init": ([0.0, -0.5, math.nan, None, "0.5"], [1e-3, 0.5, 2.0]),
     "dyt_alpha_init_attn": ([0.0, -0.8, math.inf], [None, 0.8]),
     "dyt_alpha_init_mlp": ([0.0, -0.2, math.nan], [None, 0.2]),

@@ -65,7 +65,7 @@ def randomize(module: nn.Module) -> None:
             p.copy_(0.2 + 0.5 * torch.rand_like(p))
         elif leaf == "gain":  # siamese_hybrid's g
             p.copy_(1 + 0.3 * torch.randn_like(p))
-        elif leaf == "hc_base":  # paper-form mHC's b_pre, b_post, b_res
+        elif leaf in ("query", "hc_base"):  # AttnRes' pseudo-queries w_l (0 at init); paper mHC's b_pre/post/res
             p.copy_(0.5 * torch.randn_like(p))
         elif leaf == "hc_scale":  # its a_pre, a_post, a_res
             p.copy_(0.2 + 0.5 * torch.rand_like(p))
@@ -287,6 +287,35 @@ def ref_reordered(r: Ref, h: Tensor) -> Tensor:
     return r.own(r.trunk.readout.norm_f, x)  # N_f(x)
 
 
+def _depth_attention(r: Ref, sources: list[Tensor], query: Tensor, key_norm: nn.Module) -> Tensor:
+    """``sum_i softmax_i(w . N_k(v_i)) v_i``, the softmax written out over the list of sources (one source: itself)."""
+    if len(sources) == 1:
+        return sources[0]
+    scores = [torch.exp(r.N(key_norm, v) @ query) for v in sources]
+    total = sum(scores)
+    return sum((sc / total)[..., None] * v for sc, v in zip(scores, sources, strict=True))
+
+
+def _attn_res(r: Ref, h: Tensor, block_size: int) -> Tensor:
+    blocks, partial = [h], None  # b_0 = the embedding; the open block's partial sum of outputs
+    for b, s, kind, site in r.sites():
+        sources = blocks + ([] if partial is None else [partial])
+        o = r.F(b, kind, r.own(site.norm, _depth_attention(r, sources, site.query, site.key_norm)))
+        partial = o if partial is None else partial + o
+        if (s + 1) % block_size == 0 or s == 2 * r.cfg.depth - 1:  # the block is complete: a source of its own
+            blocks, partial = blocks + [partial], None
+    ro = r.trunk.readout
+    return r.own(ro.norm_f, _depth_attention(r, blocks, ro.query, ro.key_norm))
+
+
+def ref_attn_res(r: Ref, h: Tensor) -> Tensor:
+    return _attn_res(r, h, 1)  # Full AttnRes: every sublayer's output its own source
+
+
+def ref_block_attn_res(r: Ref, h: Tensor) -> Tensor:
+    return _attn_res(r, h, r.cfg.attn_res_block_size)
+
+
 REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
     NormScheme.PRE: ref_pre,
     NormScheme.POST: ref_post,
@@ -303,6 +332,8 @@ REFERENCES: dict[NormScheme, Callable[[Ref, Tensor], Tensor]] = {
     NormScheme.LNS: ref_lns,
     NormScheme.REORDERED: ref_reordered,
     NormScheme.KEEL: ref_keel,
+    NormScheme.ATTN_RES: ref_attn_res,
+    NormScheme.BLOCK_ATTN_RES: ref_block_attn_res,
 }
 
 
@@ -384,6 +415,29 @@ def test_siamese_ablation_switches_change_the_output(scheme):
             outs[key] = trunk(h)
     assert not torch.allclose(outs["base"], outs["no_n_in"])
     assert not torch.allclose(outs["base"], outs["no_c"])
+
+
+@pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])
+@pytest.mark.parametrize("block_size", [1, 2, 3, 4, 6])
+def test_block_attn_res_block_sizes_match_reference(block_size, conditioned):
+    """L = 3 (6 sublayers): blocks of 1 (Full), of 2 (a transformer block), of 3 and 4 (blocks that cut a
+    transformer block; 4: the last block incomplete, closed by the last sublayer) and 6 (one block)."""
+    trunk = build(NormScheme.BLOCK_ATTN_RES, conditioned=conditioned, attn_res_block_size=block_size)
+    check_against_reference(trunk, conditioned)
+
+
+@torch.no_grad()
+def test_attn_res_at_init_reads_the_mean_of_its_sources():
+    """Zero pseudo-queries: sublayer 0 reads the embedding, sublayer 1 the mean of the embedding and o_0."""
+    trunk = Trunk(TrunkConfig(dim=D, depth=2, num_heads=HEADS, norm_scheme="attn_res", norm_layer="rmsnorm")).double()
+    h, o = torch.randn(BATCH, TOKENS, D, dtype=torch.float64), torch.randn(BATCH, TOKENS, D, dtype=torch.float64)
+    s0, s1 = trunk.blocks[0].attn_res, trunk.blocks[0].mlp_res
+    inp, state = s0.prepare(s0.init_state(h))
+    torch.testing.assert_close(inp, ref.norm(h, "rmsnorm", 1e-6, s0.norm.weight))
+    state = s0.update(state, o)
+    assert state.blocks.shape == (2, BATCH, TOKENS, D)  # Full: o_0 is a source of its own
+    inp, _ = s1.prepare(state)
+    torch.testing.assert_close(inp, ref.norm((h + o) / 2, "rmsnorm", 1e-6, s1.norm.weight))
 
 
 @pytest.mark.parametrize("conditioned", [False, True], ids=["plain", "adaln"])

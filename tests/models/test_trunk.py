@@ -32,12 +32,16 @@ def legitimately_zero_at_init(name: str, scheme: str) -> bool:
       and softmax is shift invariant.
     * Hyper-Connections: with ``W_* = 0``, ``tanh(Hn W) = 0`` so ``s_a``/``s_b`` multiply zero, and
       ``N(H)``'s scale and shift only reach the output through ``Hn W``.
+    * Attention Residuals: the key norm ``N_k`` only reaches the depth-softmax logits ``w . N_k(v)``, and the
+      pseudo-query ``w`` starts at zero.
     * mHC: the same for ``s_pre``/``s_res``/``s_post`` and ``N(x_i)``; and its n streams stay identical copies
       at init (every stream gets the same ``H_post o``, ``Sinkhorn(I)`` is symmetric), so ``H_res``, a doubly
       stochastic mix of copies, leaves them unchanged whatever it is: ``B_res`` and ``W_res`` get no gradient.
     """
     if name.endswith("k_norm.bias"):
         return True
+    if scheme in ("attn_res", "block_attn_res") and ".key_norm." in name:
+        return True  # AttnRes: the key norm reaches the logits only through the pseudo-query, zero at init
     leaf = name.rsplit(".", 1)[-1]
     if scheme == "mhc":
         return leaf in ("s_pre", "s_res", "s_post", "depth_0", "w_depth") or ".norm_h." in name
