@@ -97,9 +97,9 @@ def _norm_stats(module: nn.Module) -> dict[str, Tensor]:
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm, *POINTWISE)) and module.weight is not None:
         out["scale"] = module.weight.abs().mean()
     if isinstance(module, POINTWISE):
-        out["alpha"] = module.alpha.reshape(())
+        out["alpha"] = module.alpha.detach().reshape(())
     if isinstance(module, Derf):
-        out["shift"] = module.shift.reshape(())
+        out["shift"] = module.shift.detach().reshape(())
     return out
 
 
