@@ -57,6 +57,7 @@ from experiments.reliability.config_files import (
     check_finite_numbers,
     config_paths,
     explain_parse_error,
+    origin_of,
     read_config,
 )
 from experiments.reliability.errors import OutputDirError, SuiteError
@@ -162,7 +163,10 @@ class SuiteCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         init_args = config.model.get("init_args") if config.get("model") is not None else None
         self._vae_path = init_args.get("vae_path") if init_args is not None and "vae_path" in init_args else None
+        init_from = init_args.get("init_from") if init_args is not None and "init_from" in init_args else None
         subcommand = self.subcommand or "fit"
+        if init_from is not None and subcommand == "fit":
+            _check_init_from(str(init_from), self._argv)
         parser = self._subcommand_parsers.get(self.subcommand, self.parser) if self.subcommand else self.parser
         check_finite_numbers(config, parser.get_defaults(), self._argv)
         self._overwrite = bool(config.get("overwrite"))
@@ -344,6 +348,18 @@ def _names_a_place(argv: list[str]) -> bool:
         if any(data.get(k) is not None for k in PLACE_OPTIONS):
             return True
     return False
+
+
+def _check_init_from(folder: str, argv: list[str]) -> None:
+    """Reads the folder ``init_from`` names (config.json and weights, checked) before any run directory is made,
+    so a corrupted, swapped or foreign export is one line naming it and where it was given."""
+    from models.loaders.suite_export import read_suite_export
+
+    try:
+        read_suite_export(folder)
+    except ValueError as err:
+        origin = origin_of("model.init_args.init_from", argv)
+        raise SuiteError(f"model.init_args.init_from={folder} ({origin}): {err}") from None
 
 
 def _evaluated_run(subcommand: str, ckpt: object, argv: list[str]) -> Path | None:

@@ -1,15 +1,56 @@
-"""Shared by the loaders: strict renaming, strict loading, and refusals that list every problem."""
+"""Shared by the loaders: strict renaming, strict loading, refusals that list every problem, and the checked
+reads of a folder's files (JSON within a size, safetensors whose header fits the file), each a one-line
+ValueError naming the file."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor, nn
+
+from fileio.checks import read_json
 
 from models.config import TrunkConfig
 
 Source = nn.Module | Mapping[str, Tensor]
+
+MAX_CONFIG_BYTES = 16 << 20  # a config.json or weight index of any real model is kilobytes
+MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors library's own limit on the JSON header
+
+
+def read_json_file(path: Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A folder's JSON file as an object; one-line ValueError (too large, not JSON, too deep, not an object)."""
+    return read_json(path, what, expect=dict, max_bytes=max_bytes)
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a ``.safetensors`` file a user handed in, or one line saying why it is not one.
+
+    The 8-byte header length is checked against the file before the library reads it (a corrupted length
+    makes it fail with its own error type, or try to allocate the claimed size); any error it still raises
+    becomes a ValueError naming the file.
+    """
+    path = Path(path)
+    valid = "valid: a .safetensors file written by the suite's export (export again to repair it)"
+    if not path.is_file():
+        raise ValueError(f"{str(path)!r} is missing; {valid}")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+    claimed = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if claimed < 2 or claimed > min(size - 8, MAX_SAFETENSORS_HEADER):
+        what = f"a header of {claimed:,} bytes" if claimed >= 0 else "no header"
+        raise ValueError(f"{str(path)!r} is not a safetensors file ({size:,} bytes claiming {what}); {valid}")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({reason}); {valid}") from None
 
 
 def _split(source: Source) -> tuple[nn.Module | None, dict[str, Tensor]]:
