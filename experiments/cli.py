@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -55,6 +56,7 @@ from experiments.reliability.checkpointing import (
 from experiments.reliability.config_files import (
     check_config_files,
     check_finite_numbers,
+    check_parsed_class_paths,
     config_paths,
     explain_parse_error,
     origin_of,
@@ -143,6 +145,9 @@ class SuiteCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:
+            missing = _missing_sections(str(err), argv)
+            if missing is not None:
+                raise SuiteError(missing) from None
             raise SuiteError(explain_parse_error(str(err), argv, _option_names(self, parser, argv))) from None
 
     def instantiate_classes(self) -> None:
@@ -161,6 +166,7 @@ class SuiteCLI(LightningCLI):
         """Names the run directory (see :mod:`experiments.reliability.layout`) and records the experiment name
         in the config, so the saved config reruns into the same experiment."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        check_parsed_class_paths(config)
         init_args = config.model.get("init_args") if config.get("model") is not None else None
         self._vae_path = init_args.get("vae_path") if init_args is not None and "vae_path" in init_args else None
         init_from = init_args.get("init_from") if init_args is not None and "init_from" in init_args else None
@@ -348,6 +354,29 @@ def _names_a_place(argv: list[str]) -> bool:
         if any(data.get(k) is not None for k in PLACE_OPTIONS):
             return True
     return False
+
+
+def _missing_sections(text: str, argv: list[str]) -> str | None:
+    """For "the following arguments are required: test.data, test.model": which -c file should have held them
+    (a run's config.yaml cut short, or a config of another kind), with where the file ends."""
+    match = re.search(r"the following arguments are required: (.*)", text)
+    if match is None:
+        return None
+    missing = [name.split(".")[-1] for name in re.split(r",\s*", match[1].strip())]
+    paths = config_paths(argv)
+    if not paths:
+        return f"no {' and no '.join(missing)} given; valid: -c CONFIG with model: and data: sections (configs/lm/tiny.yaml)"
+    last = paths[-1]
+    try:
+        lines = Path(last).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    ending = f"it ends at line {len(lines)}: {lines[-1].strip()[:60]!r}" if lines else "it is empty"
+    named = " and ".join(f"{m}:" for m in missing)
+    return (
+        f"config {last} (and any other -c) sets no {named} section ({ending}; is it cut short?); valid: a config "
+        "with model: and data: sections, e.g. a run's whole config.yaml or configs/lm/tiny.yaml"
+    )
 
 
 def _check_init_from(folder: str, argv: list[str]) -> None:

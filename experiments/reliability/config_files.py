@@ -1,7 +1,11 @@
 """Config files and options checked before anything is built, each problem one line naming where it came from.
 
-    -c FILE ...   every file: valid YAML (the line of a syntax error), not empty, a mapping; no two of
-                  them naming different tasks (an LM config with a ViT config stacked on it)
+    -c FILE ...   every file: at most 1 MiB of UTF-8, valid YAML (the line of a syntax error), plain data
+                  (no ``!!python`` or custom tags), no key twice in a mapping, no aliases expanding past
+                  100,000 values, not empty, a mapping; no two of them naming different tasks
+    class_path    in any file, section or option (model, data, callbacks, logger, strategy, plugins ...):
+                  a class of the suite, Lightning, torch or a library the suite documents, checked before
+                  anything is imported or built (``subprocess.Popen``, ``os.system`` are refused)
     a bad value   ``model.init_args.top_k=0 (configs/lm/tiny.yaml); valid: >= 1``: the bounds come from the
                   ``Annotated[int, Ge(1)]`` in the class signature (jsonargparse checks them while parsing)
     a typo        ``--trainer.max_stepz``: "did you mean --trainer.max_steps?"
@@ -54,25 +58,191 @@ def config_paths(argv: Iterable[str]) -> list[str]:
     return paths
 
 
+MAX_CONFIG_BYTES = 1 << 20  # the suite's configs are a few KB; a run's saved config.yaml tens of KB
+MAX_YAML_NODES = 100_000  # values after anchors and aliases expand (a "billion laughs" file: 10**9 and more)
+YAML_TAG = "tag:yaml.org,2002:"  # the standard tags (str, int, map ...); anything else is refused
+
+
+def _check_yaml_nodes(root: yaml.Node, path: str) -> None:
+    """Refuses what ``yaml.safe_load`` would accept but a config must not hold: a value that is not plain data
+    (a ``!!python/...`` or any custom tag), the same key twice in one mapping (YAML keeps the last silently),
+    anchors whose aliases expand past :data:`MAX_YAML_NODES` values, and recursive aliases.
+
+    The walk runs over the composed node graph, where an alias is the anchored node itself, so counting the
+    expansion costs one visit per distinct node.
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def where(node: yaml.Node) -> str:
+        return f"config {path} at line {node.start_mark.line + 1}"
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise SuiteError(f"{where(node)}: an alias refers to its own anchor; valid: plain YAML without recursion")
+        if not node.tag.startswith(YAML_TAG) or node.tag.startswith(YAML_TAG + "python/"):
+            raise SuiteError(
+                f"{where(node)}: the tag {node.tag.replace(YAML_TAG, '!!')!r} asks for a Python object; valid: plain "
+                "YAML values (strings, numbers, lists, mappings), classes as class_path: NAME"
+            )
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
+                    if k.value in seen:
+                        raise SuiteError(
+                            f"{where(k)}: the key {k.value!r} appears twice in one mapping (first at line "
+                            f"{seen[k.value]}); valid: each key once (YAML would silently keep the last)"
+                        )
+                    seen[k.value] = k.start_mark.line + 1
+                total += size(k) + size(v)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(v) for v in node.value)
+        active.discard(key)
+        sizes[key] = total
+        if total > MAX_YAML_NODES:
+            raise SuiteError(
+                f"{where(node)}: anchors and aliases expand to more than {MAX_YAML_NODES:,} values; valid: a config "
+                "without aliases that multiply (a 'billion laughs' file)"
+            )
+        return total
+
+    size(root)
+
+
 def read_config(path: str) -> dict[str, Any]:
-    """A config file as a mapping; a one-line :class:`SuiteError` naming the file if it is not one."""
+    """A config file as a mapping; a one-line :class:`SuiteError` naming the file if it is not one.
+
+    Refused before any of it is used: a file over :data:`MAX_CONFIG_BYTES`, bytes that are not UTF-8, YAML
+    syntax errors (with the line), the checks of :func:`_check_yaml_nodes` (Python tags, duplicate keys,
+    expanding aliases), an empty file, a top level that is not a mapping, and a ``class_path`` outside
+    :data:`CLASS_PACKAGES` (:func:`check_class_paths`).
+    """
     file = Path(path)
     if not file.is_file():
         raise SuiteError(f"config file {path} does not exist" if not file.exists() else f"config {path} is not a file")
+    if (size := file.stat().st_size) > MAX_CONFIG_BYTES:
+        raise SuiteError(f"config {path} is {size:,} bytes; valid: a YAML config of at most {MAX_CONFIG_BYTES:,} bytes")
     try:
-        data = yaml.safe_load(file.read_text())
+        text = file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise SuiteError(f"config {path} is not UTF-8 text") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is not None:
+            _check_yaml_nodes(root, path)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise SuiteError(f"config {path} is not valid YAML{where}: {problem}") from None
-    except UnicodeDecodeError:
-        raise SuiteError(f"config {path} is not UTF-8 text") from None
+    except RecursionError:
+        raise SuiteError(f"config {path} is nested too deeply to read; valid: a YAML mapping of options") from None
     if data is None:
         raise SuiteError(f"config {path} is empty; valid: a YAML mapping of options (see configs/lm/tiny.yaml)")
     if not isinstance(data, dict):
         raise SuiteError(f"config {path} holds a YAML {type(data).__name__}, not a mapping of options")
+    check_class_paths(data, path)
     return data
+
+
+#################################################################################
+#                      Which classes a config may name                          #
+#################################################################################
+
+# Top-level packages whose classes a config may name (``class_path``): the suite's own, Lightning, PyTorch and
+# the libraries the suite documents. A path elsewhere (``subprocess.Popen``, ``os.system``, ``builtins.eval``,
+# a module a file drops beside the config) is refused before anything is imported.
+CLASS_PACKAGES = (
+    "experiments", "models", "datamodules", "fileio", "tests",
+    "lightning", "pytorch_lightning", "lightning_fabric", "torch", "torchvision", "torchmetrics",
+    "timm", "transformers", "diffusers", "lm_eval", "olmo_eval",
+)  # fmt: skip
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+# Sections whose plain string value (or list items) jsonargparse takes as a class path ("model: pkg.Class").
+_CLASS_SECTIONS = ("model", "data", "callbacks", "logger", "strategy", "plugins", "profiler", "optimizer",
+                   "lr_scheduler", "accelerator")  # fmt: skip
+
+
+def check_class_path(class_path: str, where: str) -> None:
+    """Refuses a class path outside :data:`CLASS_PACKAGES`, or one that does not name a class there, without
+    importing anything outside them.
+
+    Raises:
+        SuiteError: ``class_path 'subprocess.Popen' (mine.yaml, trainer.callbacks) is outside the suite ...``.
+    """
+    valid = f"valid: a class of {', '.join(CLASS_PACKAGES)}"
+    top = class_path.split(".", 1)[0]
+    if top not in CLASS_PACKAGES or not _DOTTED.fullmatch(class_path):
+        raise SuiteError(f"class_path {class_path!r} ({where}) is outside the suite and its libraries; {valid}")
+    target = _import(class_path)
+    if target is None:
+        return  # not importable: jsonargparse names it ("does not exist"); nothing outside the list was imported
+    module = str(getattr(target, "__module__", "") or "").split(".", 1)[0]
+    if not inspect.isclass(target) or (module and module not in CLASS_PACKAGES):
+        kind = "a class" if inspect.isclass(target) else type(target).__name__
+        raise SuiteError(
+            f"class_path {class_path!r} ({where}) is {kind} from {getattr(target, '__module__', '?')}, not a class of "
+            f"the suite or its libraries; {valid}"
+        )
+
+
+def check_class_paths(config: Any, origin: str, section: str = "") -> None:
+    """Every ``class_path`` in a config (and the shorthand ``model: pkg.Class``, ``callbacks: [pkg.Class]``)
+    through :func:`check_class_path`; ``origin`` is the file or "command line"."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            name = f"{section}.{key}" if section else str(key)
+            if key == "class_path" and isinstance(value, str):
+                check_class_path(value, f"{origin}, {section or 'top level'}")
+            elif isinstance(value, str) and str(key) in _CLASS_SECTIONS and _DOTTED.fullmatch(value):
+                check_class_path(value, f"{origin}, {name}")
+            else:
+                check_class_paths(value, origin, name)
+    elif isinstance(config, list):
+        last = section.rsplit(".", 1)[-1]
+        for i, value in enumerate(config):
+            if isinstance(value, str) and last in _CLASS_SECTIONS and _DOTTED.fullmatch(value):
+                check_class_path(value, f"{origin}, {section}[{i}]")
+            else:
+                check_class_paths(value, origin, f"{section}[{i}]")
+
+
+def check_argument_class_paths(argv: Iterable[str]) -> None:
+    """The class paths the command line gives: ``--X.class_path=NAME``, ``--model=NAME``,
+    ``--trainer.callbacks+=NAME``, and mappings written inline (``--trainer.callbacks='[{class_path: ...}]'``)."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if not arg.startswith("--") or arg.startswith("--config"):
+            continue
+        option, sep, value = arg[2:].partition("=")
+        if not sep:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+        option = option.removesuffix("+")
+        last = option.rsplit(".", 1)[-1]
+        if last == "class_path" or (last in _CLASS_SECTIONS and _DOTTED.fullmatch(value.strip())):
+            if value.strip():
+                check_class_path(value.strip(), f"command line, --{option}")
+        elif "class_path" in value:
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                continue  # jsonargparse reports it
+            check_class_paths({last: parsed}, f"command line, --{option}")
+
+
+def check_parsed_class_paths(config: Any) -> None:
+    """The last word before anything is built: every ``class_path`` of the parsed config (whatever its source:
+    files, options, a run's saved config read back, defaults) through :func:`check_class_path`."""
+    for key, value in _leaves(config):
+        if key.split(".")[-1] == "class_path" and isinstance(value, str):
+            check_class_path(value, f"the parsed config, {key.rsplit('.', 1)[0]}")
 
 
 def _task_of(config: dict[str, Any]) -> str | None:
@@ -99,8 +269,11 @@ def check_argument_text(argv: Iterable[str]) -> None:
 
 
 def check_config_files(argv: Iterable[str]) -> None:
-    """Reads every ``-c`` file once (see :func:`read_config`) and refuses two files of different tasks."""
+    """Reads every ``-c`` file once (see :func:`read_config`), checks the class paths the command line names
+    and refuses two files of different tasks."""
+    argv = list(argv)
     check_argument_text(argv)
+    check_argument_class_paths(argv)
     first: tuple[str, str] | None = None
     for path in config_paths(argv):
         task = _task_of(read_config(path))
