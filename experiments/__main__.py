@@ -2,7 +2,7 @@
 
 The training commands are LightningCLI's (``fit``, ``validate``, ``test``, ``predict``); the tools
 compare and analyse runs (``sweep``, ``compare``, ``prune``, ``logit-lens``, ``fid``, ``evaluate``, ``lm-eval``,
-``bench``, ``export``).
+``bench``, ``export``, ``estimate``).
 ``python -m experiments`` alone (or ``--help``) lists them all.
 
 Bad input ends with one line ``error: <what is wrong and what would be valid>`` on stderr and exit
@@ -43,6 +43,7 @@ TOOLS = {
     "lm-eval": Tool("experiments.evaluation.downstream.cli:lm_eval_main", "lm-evaluation-harness on an LM checkpoint"),
     "bench": Tool("experiments.bench.cli:main", "step time and activation memory of every scheme, side by side"),
     "export": Tool("experiments.sharing.cli:main", "a trained model as a transformers / timm / diffusers folder"),
+    "estimate": Tool("experiments.parallel.estimate_cli:main", "per-GPU peak memory of a run before it runs"),
 }
 DEBUG_FLAG = "--debug"
 

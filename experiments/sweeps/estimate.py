@@ -7,6 +7,8 @@
                           torch.utils.flop_counter on the meta device, times the images trained on
                           (DiT with ``test``: plus the sampler's forward passes for FID)
              --hours----> GPU-hours = FLOPs / (peak FLOP/s x MFU), the MFU stated with the number
+             --memory---> per-GPU peak of one training step under the run's strategy and precision,
+                          measured on fake tensors (experiments.parallel.memory)
 
 The merge here covers what the estimate reads (sizes, batch, devices, budget); the sweep never builds a task
 module (runs are processes). A test checks it against the real CLI for every run of every shipped spec.
@@ -18,14 +20,16 @@ import copy
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
+from experiments.parallel.memory import MemoryEstimate, MemorySetup, Workload, measure, setup_from_config, workload_for
 from experiments.sweeps.spec import Run, SpecError, SweepSpec
+from fileio.checks import InputError
 from models import TrunkConfig, count_params
 from models.dit import DiT
 from models.lm import LanguageModel
@@ -52,8 +56,21 @@ def resolve_config(argv: list[str]) -> dict:
     while i < len(argv):
         arg = argv[i]
         if arg in ("-c", "--config"):
-            loaded = yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
-            config = _merge(config, loaded if isinstance(loaded, dict) else {})
+            if i + 1 >= len(argv):
+                raise InputError(f"{arg} needs a config file after it; valid: {arg} CONFIG.yaml")
+            path = Path(argv[i + 1])
+            try:
+                loaded = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as exc:
+                line = str(exc).strip().splitlines()[0]
+                raise InputError(f"{arg} {path} is not valid YAML ({line}); valid: a YAML mapping") from None
+            except UnicodeDecodeError:
+                raise InputError(f"{arg} {path} is not UTF-8 text; valid: a YAML mapping") from None
+            if not isinstance(loaded, dict):
+                raise InputError(
+                    f"{arg} {path} holds a YAML {type(loaded).__name__}, not a mapping; valid: trainer:, model:, data:"
+                )
+            config = _merge(config, loaded)
             i += 2
             continue
         if arg.startswith("--") and "=" in arg:
@@ -62,7 +79,10 @@ def resolve_config(argv: list[str]) -> dict:
                 node = config
                 *parents, leaf = key.split(".")
                 for part in parents:
-                    node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+                    if not isinstance(node.get(part), dict):  # a class given by name takes its init_args after it
+                        name = node.get(part)
+                        node[part] = {"class_path": name} if isinstance(name, str) and "." in name else {}
+                    node = node[part]
                 node[leaf] = yaml.safe_load(value) if value else None
         i += 1
     return config
@@ -172,11 +192,12 @@ def _measured(task: str, key: str) -> tuple[int, int, float, float]:
     return count_params(net), 0, fwd + float(backward.get_total_flops()), fwd
 
 
-def data_facts(task: str, config: dict, spec: SweepSpec) -> tuple[dict, str]:
-    """What the network's shape needs from the data and the config cannot say: the spec's ``dataset`` block,
-    else the latent cache's meta.json when it exists, else the embedded data's, else ImageNet's (noted)."""
+def data_facts(task: str, config: dict, dataset: dict) -> tuple[dict, str]:
+    """What the network's shape needs from the data and the config cannot say: the spec's ``dataset`` block
+    (``dataset``), else the latent cache's meta.json when it exists, else the embedded data's, else ImageNet's
+    (noted)."""
     data_cfg = config.get("data") or {}
-    facts, note = dict(spec.dataset), ""
+    facts, note = dict(dataset), ""
     if task == "dit" and "latent_size" not in facts:
         meta = Path(str(_init(config, "data").get("cache_dir", ""))) / "meta.json"
         try:
@@ -191,9 +212,11 @@ def data_facts(task: str, config: dict, spec: SweepSpec) -> tuple[dict, str]:
     return facts, note
 
 
-def _network_args(task: str, config: dict, spec: SweepSpec) -> dict:
+def network_args(task: str, config: dict, dataset: dict) -> dict:
+    """The arguments of the task's ``models`` network (``trunk`` a TrunkConfig dict), from the config and the
+    data facts (:func:`data_facts`)."""
     model, data = _init(config, "model"), _init(config, "data")
-    facts, _ = data_facts(task, config, spec)
+    facts, _ = data_facts(task, config, dataset)
     trunk = TrunkConfig(**(model.get("trunk") or {})).to_dict()
     if task == "lm":
         vocab = 256 if data.get("tokenizer", "byte") == "byte" else int(data.get("bpe_vocab_size", 4096))
@@ -232,7 +255,7 @@ def estimate(spec: SweepSpec, run: Run) -> Estimate:
     if task == "other":
         return Estimate(name, task, 0, None, None, None, None, None, None, None, "not a trainable task config")
     params, flop_params, train_per_sample, fwd_per_sample = _measured(
-        task, json.dumps(_network_args(task, config, spec), sort_keys=True)
+        task, json.dumps(network_args(task, config, spec.dataset), sort_keys=True)
     )
     per_step, world = samples_per_step(spec, config), world_size(spec, config)
     steps, note = trainer.get("max_steps"), ""
@@ -251,5 +274,64 @@ def estimate(spec: SweepSpec, run: Run) -> Estimate:
     hours = flops / peak / 3600 if flops is not None else None
     if task == "lm" and not note:
         note = f"6ND, N={flop_params / 1e6:,.1f}M"
-    note = "; ".join(n for n in (note, data_facts(task, config, spec)[1]) if n)
+    note = "; ".join(n for n in (note, data_facts(task, config, spec.dataset)[1]) if n)
     return Estimate(name, task, params, steps, per_step, samples, train, test, world, hours, note)
+
+
+def per_device_batch(config: dict, setup: MemorySetup) -> int:
+    """Samples one device steps on: ``data.batch_size``, else ``global_batch_size`` over the data-parallel ranks
+    (tensor-parallel ranks share a batch).
+
+    Raises:
+        InputError: neither is set.
+    """
+    data = _init(config, "data")
+    if data.get("batch_size"):
+        return int(data["batch_size"])
+    if data.get("global_batch_size"):
+        ranks = setup.world_size // setup.tensor_parallel
+        return math.ceil(int(data["global_batch_size"]) / max(1, ranks))
+    raise InputError("data.init_args.batch_size (config) is not set; valid: batch_size or global_batch_size")
+
+
+def memory_inputs(config: dict, dataset: dict | None = None) -> tuple[Workload, MemorySetup]:
+    """The training step and device layout a resolved ``fit`` config asks for, for :func:`measure`.
+
+    Raises:
+        InputError: not an LM / ViT / DiT config, or a setting the estimate cannot read (one line).
+    """
+    task = task_name(config)
+    if task == "other":
+        model = (config.get("model") or {}).get("class_path")
+        raise InputError(
+            f"model.class_path={model!r} (config) has no memory estimate; valid: experiments.tasks.LanguageModeling, "
+            "ImageClassification, LatentDiffusion"
+        )
+    setup = setup_from_config(config)
+    model = _init(config, "model")
+    ema = task == "dit" or bool(model.get("ema_decay"))
+    workload = workload_for(task, network_args(task, config, dataset or {}), per_device_batch(config, setup), ema)
+    return workload, setup
+
+
+@functools.lru_cache(maxsize=64)
+def _memory_cached(key: str) -> MemoryEstimate:
+    task, network, batch, ema, setup, checkpointing = json.loads(key)
+    setup = MemorySetup(**{**setup, "notes": tuple(setup["notes"])})
+    return measure(workload_for(task, network, batch, ema), setup, checkpointing)
+
+
+def memory_estimate(spec: SweepSpec, run: Run) -> MemoryEstimate | str:
+    """The per-GPU peak of one run as the sweep runs it (its own activation-checkpointing setting), or a one-line
+    reason it has none. Runs of one shape, batch and layout share one measurement (lrs and seeds do not matter)."""
+    config = resolve_config(run.argv(spec, extra=run_extra_args(spec, run))[4:])
+    task = task_name(config)
+    if task == "other":
+        return "no memory estimate: not a trainable task config"
+    try:
+        workload, setup = memory_inputs(config, spec.dataset)
+        network = network_args(task, config, spec.dataset)
+        key = [task, network, per_device_batch(config, setup), workload.ema, asdict(setup), setup.checkpointing]
+        return _memory_cached(json.dumps(key, sort_keys=True))
+    except ValueError as exc:  # InputError included: a setting the estimate cannot read, a mesh that cannot shard
+        return f"no memory estimate: {exc}"

@@ -1,0 +1,61 @@
+"""``python -m experiments estimate -c CONFIG [-c ...] [--key=value ...] [--gpu-memory 80GB]``: will a run fit?
+
+Resolves the config as ``fit`` would read it (the ``-c`` files merged in order, then ``--key=value``), and
+prints the per-device peak of one training step, without and with activation checkpointing, under the run's
+strategy and precision, and whether it fits the device memory named (80 GB unless ``--gpu-memory`` says).
+Nothing is allocated: the real network runs on fake tensors over a fake process group of the run's world
+size (:mod:`experiments.parallel.memory`)::
+
+    python -m experiments estimate -c configs/lm/olmo-1b.yaml --gpu-memory 80GB
+    python -m experiments estimate -c configs/lm/olmo-1b.yaml \\
+        --trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy \\
+        --trainer.strategy.init_args.data_parallel_size=8 --trainer.strategy.init_args.tensor_parallel_size=1
+"""
+
+from __future__ import annotations
+
+import time
+
+from experiments.parallel.memory import fits_line, format_estimate, measure, parse_memory, size
+from experiments.reliability.errors import ArgumentParser
+from experiments.sweeps.estimate import memory_inputs, per_device_batch, resolve_config, task_name
+from fileio.checks import InputError
+
+DEFAULT_GPU_MEMORY = "80GB"
+
+
+def report(argv: list[str], gpu_memory: int) -> str:
+    """The lines ``estimate`` prints for one resolved config."""
+    if not any(a in ("-c", "--config") for a in argv):
+        raise InputError("no config given; valid: python -m experiments estimate -c CONFIG.yaml [-c ...]")
+    config = resolve_config(argv)
+    workload, setup = memory_inputs(config)
+    lines = [f"{task_name(config)} run: {setup.describe()}, per-device batch {per_device_batch(config, setup)}"]
+    for checkpointing in (False, True):
+        start = time.perf_counter()
+        est = measure(workload, setup, checkpointing)
+        own = " (the config's)" if checkpointing == setup.checkpointing else ""
+        lines.append(
+            f"  activation checkpointing {'on ' if checkpointing else 'off'}{own}: {format_estimate(est)}; "
+            f"{fits_line(est, gpu_memory)}  [{time.perf_counter() - start:.1f} s]"
+        )
+        notes = est.notes
+    lines.append(f"  steady between steps (params + grads + optimizer): {size(est.steady)}")
+    lines += [f"  note: {n}" for n in notes]
+    lines.append("  not counted: CUDA context and workspaces (~0.5-1 GB), allocator fragmentation")
+    return "\n".join(lines)
+
+
+def main(args: list[str]) -> None:
+    """Entry point of ``python -m experiments estimate``."""
+    parser = ArgumentParser(
+        prog="python -m experiments estimate",
+        description="Per-device peak memory of one training step of a run (fake tensors: nothing is allocated).",
+        epilog="Other arguments are the run's own: -c CONFIG (repeatable, merged in order), --key=value overrides.",
+    )
+    parser.add_argument(
+        "--gpu-memory", default=DEFAULT_GPU_MEMORY, help="device memory to fit in: 80GB, 141GB, 96GiB (default 80GB)"
+    )
+    known, rest = parser.parse_known_args(args)
+    gpu_memory = parse_memory(known.gpu_memory)
+    print(report(rest, gpu_memory))
