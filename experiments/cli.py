@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 
 import lightning as L
+import yaml
 from jsonargparse import ActionYesNo, ArgumentError
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -78,6 +79,7 @@ from experiments.reliability.layout import (
     task_name,
 )
 from experiments.reliability.run_lock import acquire_run_lock, record_holder, release_run_locks
+from fileio.atomic import atomic_write_bytes
 
 PROG = "python -m experiments"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -91,6 +93,7 @@ class SuiteCLI(LightningCLI):
         self._argv: list[str] = []
         self._overwrite = False  # --overwrite as given (the saved config records false)
         self._vae_path: str | None = None  # --model.init_args.vae_path as given (it wins over the data's)
+        self._keep_config: Path | None = None  # --resume_with_changes: the run's config.yaml before this resume
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # config.<subcommand>.yaml: the latest one
@@ -111,6 +114,19 @@ class SuiteCLI(LightningCLI):
         parser.add_argument("--run_name", type=str | None, default=None, help="defaults to the norm scheme")
         parser.add_argument(
             "--overwrite", action=ActionYesNo, default=False, help="replace a run (fit) or outputs that exist"
+        )
+        parser.add_argument(
+            "--resume_with_changes",
+            action=ActionYesNo,
+            default=False,
+            help="fit --ckpt_path: resume although the model / data settings differ from the run's config.yaml "
+            "(both are then recorded: config.yaml's changed_on_resume, the old config kept beside it)",
+        )
+        parser.add_argument(
+            "--changed_on_resume",
+            type=list[str] | None,
+            default=None,
+            help="(written by the suite) the settings a --resume_with_changes resume changed, old -> new",
         )
         parser.add_argument(
             "--hparams_columns",
@@ -203,6 +219,37 @@ class SuiteCLI(LightningCLI):
         run_name = check_name("--run_name", config.run_name) if config.run_name is not None else scheme
         root = config.trainer.get("default_root_dir") or config.runs_root
         self._run_dir = run_dir_for(root, task, experiment, run_name)
+        if subcommand == "fit" and ckpt is not None:
+            self._check_resume(config, parser)
+
+    def _check_resume(self, config, parser) -> None:
+        """``fit --ckpt_path`` into a run whose ``config.yaml`` says other model / data settings (a scheme, a
+        width, a learning rate, the data) would make the run's records describe a run that did not happen:
+        refused, naming the keys, unless ``--resume_with_changes``; then the changes are recorded in the new
+        config.yaml (``changed_on_resume``) and the old one is kept as ``config.before-resume-<n>.yaml``."""
+        saved_path = self._run_dir / "config.yaml" if self._run_dir is not None else None
+        if saved_path is None or not saved_path.is_file():
+            return
+        try:
+            saved = read_config(str(saved_path))
+        except SuiteError as err:
+            raise SuiteError(f"--ckpt_path: the run's {err}; valid: a run whose config.yaml reads back") from None
+        config_now = yaml.safe_load(parser.dump(config, skip_check=True, skip_none=False))
+        changes = _changed_settings(saved, config_now)
+        allowed = bool(config.get("resume_with_changes"))
+        config.resume_with_changes = False  # asked for this resume only: a rerun of config.yaml asks again
+        if not changes:
+            return
+        if not allowed:
+            shown = "; ".join(changes[:4]) + (f"; {len(changes) - 4} more" if len(changes) > 4 else "")
+            raise SuiteError(
+                f"--ckpt_path resumes {self._run_dir} with other settings than its config.yaml: {shown}; valid: the "
+                "run's own settings (fit -c RUN/config.yaml --ckpt_path last), --run_name NEW for a new run, or "
+                "--resume_with_changes to resume with these changes recorded"
+            )
+        earlier = list(saved.get("changed_on_resume") or [])
+        config.changed_on_resume = [*earlier, *changes]
+        self._keep_config = saved_path
 
     ############################################################## the trainer
 
@@ -222,6 +269,9 @@ class SuiteCLI(LightningCLI):
                     acquire_run_lock(run_dir)
                 if self.subcommand == "fit":
                     claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
+                    if self._keep_config is not None:  # --resume_with_changes: the config it resumed from stays
+                        kept = _free_name(run_dir, "config.before-resume-{}.yaml")
+                        atomic_write_bytes(kept, self._keep_config.read_bytes())
                 ensure_writable(run_dir)
                 mark(run_dir, self.subcommand)
                 record_holder(run_dir, self.subcommand)
@@ -354,6 +404,32 @@ def _names_a_place(argv: list[str]) -> bool:
         if any(data.get(k) is not None for k in PLACE_OPTIONS):
             return True
     return False
+
+
+# What a resume may change without the run's records going wrong: how long and how it trains and logs.
+RESUME_COMPARED = ("model", "data", "seed_everything")
+
+
+def _changed_settings(saved: dict, now: dict) -> list[str]:
+    """``["model.init_args.optim.lr: 0.001 -> 0.002", ...]``: the model / data / seed settings that differ."""
+    old, new = dict(_flat({k: saved.get(k) for k in RESUME_COMPARED})), dict(_flat({k: now.get(k) for k in RESUME_COMPARED}))
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)]  # fmt: skip
+
+
+def _flat(value, prefix: str = ""):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _flat(item, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, value
+
+
+def _free_name(directory: Path, pattern: str) -> Path:
+    n = 1
+    while (directory / pattern.format(n)).exists():
+        n += 1
+    return directory / pattern.format(n)
 
 
 def _missing_sections(text: str, argv: list[str]) -> str | None:
