@@ -89,8 +89,8 @@ def shard_over_ranks(sampler: Sampler[int], trainer: Any | None) -> Sampler[int]
     on the same items. Lightning's own wrapper would shuffle once more and break both.
     """
     shard = trainer.distributed_sampler_kwargs if trainer is not None else None
-    # Also with one data-parallel replica among several processes (tensor parallelism: every rank of the group
-    # reads the same batch): unwrapped, Lightning would wrap the sampler itself and shuffle once more.
-    if shard and (shard["num_replicas"] > 1 or trainer.world_size > 1):
+    # Under every parallel strategy, even with one replica (tensor parallelism: a group of ranks reads one
+    # batch; ModelParallelStrategy on one process): unwrapped, Lightning would wrap it and shuffle once more.
+    if shard:
         return DistributedSamplerWrapper(sampler, shuffle=False, **shard)
     return sampler

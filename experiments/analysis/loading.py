@@ -57,9 +57,10 @@ def load_module(
     """
     from experiments.cli import SuiteCLI
 
-    if not ckpt.is_file():
+    if not ckpt.exists():
         raise AnalysisError(f"checkpoint {str(ckpt)!r} does not exist")
-    payload = load_checkpoint(ckpt)  # weights_only: a file that would run code is refused before anything else
+    # weights_only: a file that would run code is refused before anything else; a sharded folder: consolidated
+    payload = load_checkpoint(ckpt)
     with tempfile.TemporaryDirectory() as tmp:
         if not configs:
             saved = run_dir_of(ckpt) / "config.yaml"

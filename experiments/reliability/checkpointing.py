@@ -224,7 +224,8 @@ def _train_sampler(trainer: L.Trainer) -> tuple[Any, int, int] | None:
         return None
     sampler, world = loader.sampler, 1
     if isinstance(sampler, DistributedSamplerWrapper):  # Lightning shards it: rank r takes items r, r+W, ...
-        sampler, world = sampler.dataset._sampler, trainer.world_size
+        # W = data-parallel replicas, not processes: under tensor parallelism a group of ranks reads one share
+        sampler, world = sampler.dataset._sampler, sampler.num_replicas
     if not (hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")):
         return None
     return sampler, loader.batch_size, world

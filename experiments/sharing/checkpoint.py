@@ -3,7 +3,8 @@ evaluated with, and what the run recorded about itself.
 
     <run>/checkpoints/last.ckpt   torch.load(weights_only=True) through the suite's safe loader (memory-mapped:
                                   reading the settings costs nothing; the weights are read when a network
-                                  is built); must hold a task's hyper_parameters (trunk included) and state_dict
+                                  is built); must hold a task's hyper_parameters (trunk included) and state_dict;
+                                  a sharded checkpoint (a folder) is read through its consolidated file
     <run>/summary.json            test metrics and their protocol, final validation metrics (optional)
     <run>/config.yaml             trainer settings: steps, precision, seed (optional)
 
@@ -114,11 +115,7 @@ def read_run_checkpoint(path: str | Path) -> RunCheckpoint:
             exported (the VAE: its run already writes diffusers' layout).
     """
     path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(
-            f"--ckpt {path} is a directory; valid: a run's .ckpt file, e.g. RUN/checkpoints/last.ckpt"
-        )
-    payload = load_checkpoint(path, mmap=True)
+    payload = load_checkpoint(path, mmap=True)  # a sharded checkpoint (a folder): its one-file form, cached
     hparams = payload.get("hyper_parameters")
     class_path = str(hparams.get("_class_path", "")) if isinstance(hparams, dict) else ""
     task = TASK_NAMES.get(class_path.rsplit(".", 1)[-1])

@@ -121,7 +121,9 @@ class LatentDiffusion(TaskModule):
             )
         self.save_hyperparameters()
         self.net = DiT(trunk, latent_size, patch_size, latent_channels, num_classes, class_dropout_prob, learn_sigma)
-        self.ema = ModelEmaV3(self.net, decay=ema_decay, use_warmup=ema_warmup)
+        # Parameters only: the DiT's buffers are constants (sin-cos tables), and under FSDP2 they stay plain tensors
+        # beside sharded parameters, which one fused EMA update cannot mix.
+        self.ema = ModelEmaV3(self.net, decay=ema_decay, use_warmup=ema_warmup, exclude_buffers=True)
         self.train_scheduler = make_scheduler("ddpm", num_train_timesteps, beta_schedule, learn_sigma)
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self._val_count = 0

@@ -49,14 +49,13 @@ def read_lm_checkpoint(ckpt: str | Path, mmap: bool = False) -> tuple[dict[str, 
     ``mmap=True`` maps the tensors instead of reading them: a cheap check of a large file before slow work.
 
     Raises:
-        CheckpointError: missing, a directory, not a checkpoint dict, or not an LM checkpoint (one line).
+        CheckpointError: missing, not a checkpoint dict (or a complete sharded one), or not an LM checkpoint.
     """
     path = Path(ckpt)
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory (a sharded FSDP checkpoint?); valid: a single .ckpt file")
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist; valid: a .ckpt file of an LM run")
-    payload = load_checkpoint(path, mmap=mmap)  # weights_only; not a checkpoint dict: refused in one line
+    # weights_only; not a checkpoint dict: refused in one line; a sharded checkpoint (a folder): consolidated once
+    payload = load_checkpoint(path, mmap=mmap)
     hparams = payload.get("hyper_parameters") or {}
     task = str(hparams.get("_class_path", "?")) if isinstance(hparams, dict) else "?"
     if task.rsplit(".", 1)[-1] != LM_CLASS or not isinstance(hparams.get("trunk"), dict):

@@ -1,0 +1,86 @@
+"""One of W processes that tests/experiments/test_parallel.py starts (as torchrun would: RANK, WORLD_SIZE, ...).
+
+Runs a list of jobs one after another in the same process group, so the processes pay Python's and Lightning's
+start-up once for many runs:
+
+    {"kind": "fit", "argv": [...]}                   python -m experiments ARGV through the real CLI and Trainer
+    {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh;
+                                                      writes the largest relative gradient difference to the
+                                                      same network in one process, on the whole batch
+
+    python tests/experiments/parallel_worker.py JOBS.json OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from experiments.__main__ import main  # noqa: E402 - after the path: the worker runs as a script
+from experiments.parallel import ParallelConfig, parallelize, sync_sequence_parallel_grads  # noqa: E402
+from models import LanguageModel, TrunkConfig  # noqa: E402
+
+
+def tiny_lm(scheme: str) -> LanguageModel:
+    torch.manual_seed(0)
+    cfg = TrunkConfig(
+        dim=32, depth=2, num_heads=2, mlp="swiglu", mlp_hidden=64, norm_scheme=scheme, norm_layer="rmsnorm",
+        qk_norm=True, bias=False, init="normal", init_std=0.02,
+    )  # fmt: skip
+    return LanguageModel(cfg, 256, max_seq_len=32)
+
+
+def grad_difference(scheme: str, dp: int, tp: int) -> float:
+    """Largest ``|g_sharded - g| / max|g|`` over the parameters; the loss is asymmetric in the batch rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    net = tiny_lm(scheme)
+    idx = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    weights = torch.arange(1, 5, dtype=torch.float32).view(4, 1, 1)  # rows weigh differently: order matters
+
+    def loss(logits: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (logits.float().square() * w).sum() / (4 * logits.shape[1] * logits.shape[2])
+
+    loss(net(idx), weights).backward()
+    reference = {name: p.grad.clone() for name, p in net.named_parameters()}
+    net.zero_grad()
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    parallelize(net, mesh, ParallelConfig(), seq_len=32)
+    rows = mesh["data_parallel"].get_local_rank()
+    share = slice(rows * 4 // dp, (rows + 1) * 4 // dp)
+    (loss(net(idx[share]), weights[share]) * dp).backward()  # FSDP averages over dp: undo it for a sum
+    sync_sequence_parallel_grads(net, mesh)
+    worst = 0.0
+    for name, p in net.named_parameters():
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        ref = reference[name]
+        worst = max(worst, float((grad.reshape(ref.shape) - ref).abs().max() / ref.abs().max().clamp_min(1e-30)))
+    return worst
+
+
+def run(jobs: list[dict], out: Path) -> None:
+    rank = int(os.environ["RANK"])
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    results = []
+    for job in jobs:
+        if job["kind"] == "grads":
+            results.append(grad_difference(job["scheme"], job["dp"], job["tp"]))
+        else:
+            main(job["argv"])
+            results.append(None)
+        dist.barrier()
+    (out / f"rank{rank}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    run(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))

@@ -1,0 +1,293 @@
+"""Scale-out on CPU processes (gloo) through the real CLI and Trainer: FSDP2, tensor / sequence parallelism and
+sharded checkpoints, each held to one process running the same global batch.
+
+Three launches of tests/experiments/parallel_worker.py share the cost of starting processes over every check:
+
+    world 1   part run C (ModelParallelStrategy on one process, 4 steps); the DiT on one process
+    world 2   gradient checks (4 schemes x FSDP2 / TP); fits: FSDP2 and TP for pre, TP for siamese; TP part ->
+              resume (against the uninterrupted TP run); C resumed on 2 (1 -> 2); part run A (FSDP2);
+              ViT and DiT under FSDP2 beside DDP, DiT under TP
+    world 1   A resumed on one process (2 -> 1)
+
+Tolerances: gradients of one step within 1e-5 relative (measured ~6e-7: the sums are split differently); losses
+of a few AdamW steps within 1e-5 relative (as the DDP test); the same mesh resumed: bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.__main__ import main
+from experiments.parallel.packed import PackedLinear, unpack_state_dict
+from experiments.parallel.tensor import check_tensor_parallel
+from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
+from experiments.reliability.sharded import CACHE
+from models import TrunkConfig
+from models.trunk import Trunk
+from tests.experiments.tiny import tiny_lm
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "experiments" / "parallel_worker.py"
+STEPS, PART = 8, 4
+RTOL = 1e-5
+SCHEMES = ("pre", "siamese", "siamese_hybrid", "mhc")
+MESHES = ((2, 1), (1, 2))  # (data_parallel, tensor_parallel)
+
+
+# Resumed on another world size: the same global batch, so another per-device batch (a change the run records)
+ELSEWHERE = ("--ckpt_path=last", "--resume_with_changes")
+
+
+def strategy(dp: int, tp: int) -> list[str]:
+    return [
+        "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy",
+        f"--trainer.strategy.data_parallel_size={dp}", f"--trainer.strategy.tensor_parallel_size={tp}",
+        f"--trainer.devices={dp * tp}",
+    ]  # fmt: skip
+
+
+def lm(runs: Path, corpus: tuple[Path, Path], batch: int, steps: int, scheme: str = "pre", *extra: str) -> list[str]:
+    text, shards = corpus
+    return [
+        "fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / f"configs/norm/{scheme}.yaml"),
+        f"--runs_root={runs}", f"--data.init_args.source={text}", f"--data.init_args.data_dir={shards}",
+        "--trainer.accelerator=cpu", *tiny_lm(batch_size=batch), f"--trainer.max_steps={steps}",
+        # warmup = the part run: its steps do not depend on max_steps; validation at PART saves last.ckpt mid-epoch
+        f"--model.init_args.optim.warmup_steps={PART}", f"--trainer.val_check_interval={PART}",
+        "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--summary.log_every_n_steps=1",
+        *extra,
+    ]  # fmt: skip
+
+
+def images(config: list[str], runs: Path, batch: int, steps: int, *extra: str) -> list[str]:
+    return [
+        "fit", *config, f"--runs_root={runs}", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", "--model.init_args.trunk.depth=2",
+        "--model.init_args.trunk.num_heads=2",
+        f"--data.init_args.batch_size={batch}", f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}",
+        "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--summary.log_every_n_steps=1", *extra,
+    ]  # fmt: skip
+
+
+VIT = ["-c", str(ROOT / "configs/vit/tiny.yaml"), "--model.init_args.trunk.dim=16", "--data.init_args.limit_train=64",
+       "--data.init_args.val_size=16", "--model.init_args.ema_decay=0.9"]  # fmt: skip
+DIT = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/dit/synthetic-latents.yaml"),
+       "--model.init_args.trunk.dim=32"]  # fmt: skip
+
+
+def launch(jobs: list[dict], out: Path, world: int) -> list[list]:
+    """Starts ``world`` worker processes on ``jobs`` (torchrun's environment) and returns each rank's results."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "jobs.json").write_text(json.dumps(jobs))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0", "PYTHONPATH": str(ROOT)}  # fmt: skip
+        log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed with the process below
+        procs.append((subprocess.Popen([sys.executable, str(WORKER), str(out / "jobs.json"), str(out)], cwd=ROOT,
+                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))  # fmt: skip
+    for proc, log in procs:
+        proc.wait(timeout=900)
+        log.close()
+    for rank, (proc, _) in enumerate(procs):
+        assert proc.returncode == 0, (out / f"rank{rank}.log").read_text()[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def fit(argv: list[str]) -> dict:
+    return {"kind": "fit", "argv": argv}
+
+
+def curve(runs: Path) -> list[float]:
+    (summary,) = runs.rglob("summary.json")
+    return [value for _, value in json.loads(summary.read_text())["train_curve"]]
+
+
+def last(runs: Path) -> Path:
+    (ckpt,) = runs.rglob("last.ckpt")
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory, corpus) -> dict:
+    """Every multi-process run of this file, and the one-process runs they are held to."""
+    root = tmp_path_factory.mktemp("parallel")
+    r = {name: root / name for name in (
+        "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
+        "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp",
+        "dit_one", "launch")}  # fmt: skip
+    main(lm(r["one"], corpus, 8, STEPS))  # one process, batch 8, the default strategy
+    main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
+    one = [
+        fit(lm(r["part_c"], corpus, 8, PART, "pre", *strategy(1, 1))),
+        fit(images(DIT, r["dit_one"], 8, 2, *strategy(1, 1))),
+    ]
+    launch(one, r["launch"] / "c", world=1)
+    grads = [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp} for s in SCHEMES for dp, tp in MESHES]
+    jobs = [
+        *grads,
+        fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
+        fit(lm(r["tp"], corpus, 8, STEPS, "pre", *strategy(1, 2))),
+        fit(lm(r["tp_siamese"], corpus, 8, PART, "siamese", *strategy(1, 2))),  # two streams, one placement
+        fit(lm(r["tp_part"], corpus, 8, PART, "pre", *strategy(1, 2))),
+        fit(lm(r["tp_part"], corpus, 8, STEPS, "pre", *strategy(1, 2), "--ckpt_path=last")),
+        fit(lm(r["part_c"], corpus, 4, STEPS, "pre", *strategy(2, 1), *ELSEWHERE)),  # 1 -> 2 processes
+        fit(lm(r["part_a"], corpus, 4, PART, "pre", *strategy(2, 1))),
+        fit(images(VIT, r["vit_fsdp"], 4, 4, *strategy(2, 1))),
+        fit(images(VIT, r["vit_ddp"], 4, 4, "--trainer.devices=2", "--trainer.strategy=ddp")),
+        fit(images(DIT, r["dit_fsdp"], 4, 2, *strategy(2, 1))),
+        fit(images(DIT, r["dit_ddp"], 4, 2, "--trainer.devices=2", "--trainer.strategy=ddp")),
+        fit(images(DIT, r["dit_tp"], 8, 2, *strategy(1, 2))),
+    ]
+    results = launch(jobs, r["launch"] / "two", world=2)
+    launch([fit(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))],  # 2 -> 1
+           r["launch"] / "a", world=1)  # fmt: skip
+    r["grads"] = dict(zip([(g["scheme"], g["dp"], g["tp"]) for g in grads], results[0][: len(grads)], strict=True))
+    return r
+
+
+@pytest.mark.parametrize("dp,tp", MESHES, ids=["fsdp2-dp2", "tp2"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_sharded_gradients_equal_one_process_on_the_whole_batch(ran: dict, scheme: str, dp: int, tp: int):
+    assert ran["grads"][(scheme, dp, tp)] <= RTOL
+
+
+def close(a: list[float], b: list[float], rtol: float = RTOL) -> None:
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=rtol, atol=0)
+
+
+def test_fsdp2_and_tensor_parallel_fits_follow_the_one_process_run(ran: dict):
+    one = curve(ran["one"])
+    assert len(one) == STEPS
+    close(curve(ran["fsdp"]), one)  # 2 ranks x batch 4
+    close(curve(ran["tp"]), one)  # 2 ranks, one batch of 8 split along the sequence
+    close(curve(ran["tp_siamese"]), curve(ran["one_siamese"])[:PART])
+
+
+def test_resume_on_the_same_mesh_continues_bit_for_bit(ran: dict):
+    resumed, full = curve(ran["tp_part"]), curve(ran["tp"])
+    assert len(resumed) == STEPS and resumed == full  # the sharded checkpoint: weights, AdamW moments, data, RNG
+
+
+def test_resume_on_another_world_size_stays_on_the_trajectory(ran: dict):
+    one = curve(ran["one"])
+    close(curve(ran["part_c"]), one)  # 4 steps on 1 process, 4 more on 2
+    close(curve(ran["part_a"]), one)  # 4 steps on 2 processes, 4 more on 1
+
+
+def test_image_tasks_under_fsdp2(ran: dict):
+    # Two data-parallel ranks draw their augmentations / noise as DDP's ranks do: held to DDP, step for step.
+    close(curve(ran["vit_fsdp"]), curve(ran["vit_ddp"]))
+    close(curve(ran["dit_fsdp"]), curve(ran["dit_ddp"]))
+    # Tensor parallel: both ranks draw the one batch's noise, as one process under the same strategy does (the DiT
+    # data loader is Lightning's to shard, which orders it otherwise than the default strategy)
+    close(curve(ran["dit_tp"]), curve(ran["dit_one"]))
+
+
+def test_every_reader_takes_a_sharded_checkpoint(ran: dict, corpus, tmp_path: Path, capsys):
+    ckpt = last(ran["tp"])
+    assert ckpt.is_dir() and checkpoint_problem(ckpt) is None
+    state = load_checkpoint(ckpt)["state_dict"]  # consolidated once, in the single-process layout
+    assert state["net.trunk.blocks.0.attn.qkv.weight"].shape == (96, 32)
+    cache = ckpt / CACHE
+    made = cache.stat().st_mtime_ns
+    load_checkpoint(ckpt)
+    assert cache.stat().st_mtime_ns == made  # reused
+    reference = torch.load(last(ran["one"]), weights_only=True)["state_dict"]
+    for key in ("net.trunk.blocks.1.mlp.fc1.weight", "net.head.weight"):
+        torch.testing.assert_close(state[key], reference[key], rtol=1e-4, atol=1e-6)  # same 8 steps, 1 vs 2 procs
+    run_dir = ckpt.parents[1]
+    text, shards = corpus
+    main(["test", "-c", str(run_dir / "config.yaml"), f"--ckpt_path={ckpt}", "--trainer.devices=1",
+          "--trainer.strategy=auto", "--trainer.limit_test_batches=1"])  # fmt: skip
+    assert "test/loss" in json.loads((run_dir / "summary.json").read_text())["test"]
+    main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "export"), "--no-check"])
+    assert (tmp_path / "export" / "config.json").is_file()
+    main(["prune", "--ckpt", str(ckpt), "--batches", "1", "--out", str(tmp_path / "prune"), "--device", "cpu"])
+    main(["logit-lens", "--ckpt", str(ckpt), "--batches", "1", "--out", str(tmp_path / "lens"), "--device", "cpu"])
+    assert any((tmp_path / "prune").iterdir()) and any((tmp_path / "lens").iterdir())
+
+
+def test_a_stale_cache_is_made_again(ran: dict):
+    ckpt = last(ran["part_a"])  # saved again after the first read? make sure the cache follows the shards
+    first = load_checkpoint(ckpt)["global_step"]
+    meta = ckpt / "meta.pt"
+    payload = torch.load(meta, weights_only=True)
+    payload["global_step"] = first + 1000
+    torch.save(payload, meta)
+    assert load_checkpoint(ckpt)["global_step"] == first + 1000
+
+
+class Marker:
+    def __reduce__(self):
+        return (open, (str(Path(os.environ.get("PARALLEL_MARKER", "/nonexistent")) / "owned"), "w"))
+
+
+def test_a_hostile_or_incomplete_sharded_checkpoint_is_one_line(ran: dict, tmp_path: Path, monkeypatch):
+    import shutil
+
+    hostile = tmp_path / "hostile.ckpt"
+    shutil.copytree(last(ran["part_c"]), hostile, ignore=shutil.ignore_patterns(CACHE, "*.json"))
+    monkeypatch.setenv("PARALLEL_MARKER", str(tmp_path))
+    (hostile / ".metadata").write_bytes(pickle.dumps(Marker()))
+    problem = checkpoint_problem(hostile)
+    assert problem is not None and "naming io.open" in problem and "refuses to unpickle" in problem
+    assert not (tmp_path / "owned").exists()
+    incomplete = tmp_path / "incomplete.ckpt"
+    shutil.copytree(last(ran["part_c"]), incomplete, ignore=shutil.ignore_patterns(CACHE, "*.json"))
+    (incomplete / "meta.pt").unlink()
+    assert "incomplete sharded checkpoint (no meta.pt" in checkpoint_problem(incomplete)
+    with pytest.raises(Exception, match="incomplete sharded checkpoint"):
+        load_checkpoint(incomplete)
+
+
+#################################################################################
+#                      No processes: the pieces, on their own                    #
+#################################################################################
+
+
+def test_packed_linear_is_the_fused_linear_bit_for_bit():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 12)
+    packed = PackedLinear(linear, 3)
+    x = torch.randn(2, 5, 8)
+    assert torch.equal(packed(x), linear(x))
+    assert packed.weight.shape == (3, 4, 8) and packed.bias.shape == (3, 4)
+    plain = unpack_state_dict({"net.trunk.blocks.3.attn.qkv.weight": packed.weight,
+                               "net.trunk.blocks.3.attn.qkv.bias": packed.bias,
+                               "ema.module.trunk.blocks.0.mlp.fc1.weight": torch.zeros(2, 3, 4),
+                               "net.trunk.blocks.0.mlp.w_in": torch.zeros(2, 3, 4)})  # fmt: skip
+    assert torch.equal(plain["net.trunk.blocks.3.attn.qkv.weight"], linear.weight)
+    assert torch.equal(plain["net.trunk.blocks.3.attn.qkv.bias"], linear.bias)
+    assert plain["ema.module.trunk.blocks.0.mlp.fc1.weight"].shape == (6, 4)
+    assert plain["net.trunk.blocks.0.mlp.w_in"].shape == (2, 3, 4)  # MoE experts: not a packed projection
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"moe_experts": 4, "moe_top_k": 2}, "expert parallelism"),
+        ({"qk_norm": True, "qk_norm_scope": "full"}, "qk_norm_scope 'full'"),
+        ({"num_heads": 3, "dim": 48}, "num_heads 3 is not divisible by tensor_parallel_size 2"),
+    ],
+)
+def test_what_tensor_parallelism_refuses_is_one_line(options: dict, message: str):
+    cfg = TrunkConfig(**{"dim": 32, "depth": 1, "num_heads": 2, "mlp": "swiglu", "mlp_hidden": 64, **options})
+    with pytest.raises(ValueError, match=message):
+        check_tensor_parallel(Trunk(cfg), 2, 32)
+    with pytest.raises(ValueError, match="sequence length 33 is not divisible"):
+        check_tensor_parallel(Trunk(TrunkConfig(dim=32, depth=1, num_heads=2)), 2, 33)
