@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 
 class Routing(NamedTuple):
@@ -87,12 +88,55 @@ def expert_usage(load: Tensor) -> ExpertUsage:
     )
 
 
+def grouped_matmul(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
+    """``x[rows of expert e] @ w[e]`` for every expert e, the rows sorted by expert: ``(T, D) x (E, D, F) -> (T, F)``.
+
+    One grouped kernel (``torch._grouped_mm``, offsets from the counts: no host sync) where torch has one for the
+    tensors (its rows must be 16-byte aligned); else every expert's rows padded to the busiest expert's count and
+    one batched matmul (which needs the count on the host).
+    """
+    aligned = all(size * x.element_size() % 16 == 0 for size in (w.shape[-2], w.shape[-1])) and x.shape[0] > 0
+    # float32 has the kernel but no meta / fake one (torch.compile, the memory estimate): bfloat16 has both
+    traced = x.device.type == "meta" or is_fake(x) or torch.compiler.is_compiling()
+    if aligned and (x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and not traced)):
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        return torch._grouped_mm(x, w.to(x.dtype), offs=offsets)
+    starts = torch.cumsum(counts, 0) - counts
+    expert = torch.repeat_interleave(torch.arange(counts.numel(), device=x.device), counts, output_size=x.shape[0])
+    slot = torch.arange(x.shape[0], device=x.device) - starts[expert]  # position within its expert's rows
+    buf = x.new_zeros(counts.numel(), int(counts.max()) if x.shape[0] else 0, x.shape[-1])  # (E, C, D)
+    buf[expert, slot] = x
+    return torch.bmm(buf, w.to(x.dtype))[expert, slot]
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts with stacked weights, over tokens sorted by expert.
+
+    ``forward(x, counts)``: ``x`` ``(A, D)`` holds the A token copies routed here, the rows of expert 0 first, then
+    expert 1's ...; ``counts`` ``(E,)`` how many rows each expert has. This is the boundary expert parallelism cuts
+    at (experiments.parallel): the experts' rows can come from other ranks, and the weights split on their first
+    axis.
+    """
+
+    def __init__(self, dim: int, hidden: int, num_experts: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.w_in = nn.Parameter(torch.empty(num_experts, dim, 2 * hidden))  # per expert [gate; up]
+        self.w_out = nn.Parameter(torch.empty(num_experts, hidden, dim))
+        nn.init.normal_(self.w_in, std=1 / math.sqrt(dim))
+        nn.init.normal_(self.w_out, std=1 / math.sqrt(hidden))
+
+    def forward(self, x: Tensor, counts: Tensor) -> Tensor:
+        gate, up = grouped_matmul(x, self.w_in, counts).chunk(2, dim=-1)  # (A, H) each
+        return grouped_matmul(F.silu(gate) * up, self.w_out, counts)  # (A, D)
+
+
 class MoE(nn.Module):
     """SwiGLU experts behind a softmax top-k router.
 
-    Tokens are sorted by expert and packed into an ``(E, C, D)`` buffer (C = the busiest expert's
-    load, so nothing is dropped), every expert runs in one batched matmul, and outputs are
-    scattered back weighted by their router probability.
+    The router picks k experts per token; the T * k token copies are sorted by expert (a stable sort, so each
+    expert sees its tokens in order), the experts run as :class:`GroupedExperts` on ``(sorted copies, counts)``,
+    and each output is scattered back to its token weighted by its router probability.
 
     Args:
         dim: model width D.
@@ -108,10 +152,18 @@ class MoE(nn.Module):
             raise ValueError(f"moe top_k {top_k} must be in [1, num_experts={num_experts}]")
         self.num_experts, self.top_k, self.normalize_topk = num_experts, top_k, normalize_topk
         self.router = nn.Linear(dim, num_experts, bias=False)
-        self.w_in = nn.Parameter(torch.empty(num_experts, dim, 2 * hidden))  # per expert [gate; up]
-        self.w_out = nn.Parameter(torch.empty(num_experts, hidden, dim))
-        nn.init.normal_(self.w_in, std=1 / math.sqrt(dim))
-        nn.init.normal_(self.w_out, std=1 / math.sqrt(hidden))
+        self.experts = GroupedExperts(dim, hidden, num_experts)
+        self.register_load_state_dict_pre_hook(_experts_moved)
+
+    @property
+    def w_in(self) -> nn.Parameter:
+        """The experts' stacked ``[gate; up]`` weights ``(E, D, 2H)``."""
+        return self.experts.w_in
+
+    @property
+    def w_out(self) -> nn.Parameter:
+        """The experts' stacked output weights ``(E, H, D)``."""
+        return self.experts.w_out
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Router probabilities ``(T, E)``, chosen experts ``(T, k)`` and their weights ``(T, k)``."""
@@ -128,16 +180,17 @@ class MoE(nn.Module):
         probs, idx, weight = self.route(x)
         flat_expert = idx.flatten()  # (T*k,) assignment a -> expert
         order = torch.argsort(flat_expert, stable=True)
-        sorted_expert = flat_expert[order]
-        counts = torch.bincount(flat_expert, minlength=self.num_experts)
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.arange(order.numel(), device=x.device) - starts[sorted_expert]  # position in expert
+        # (E,) copies per expert; a scatter, not bincount: its size is E whatever the data (no host sync)
+        counts = flat_expert.new_zeros(self.num_experts).index_add_(0, flat_expert, torch.ones_like(flat_expert))
         token = order // self.top_k  # which token each sorted assignment came from
-        buf = x.new_zeros(self.num_experts, int(counts.max()), shape[-1])  # (E, C, D)
-        buf[sorted_expert, slot] = x[token]
-        gate, up = torch.bmm(buf, self.w_in).chunk(2, dim=-1)  # (E, C, H) each
-        y = torch.bmm(F.silu(gate) * up, self.w_out)  # (E, C, D)
-        y = y[sorted_expert, slot] * weight.flatten()[order].unsqueeze(-1)  # (T*k, D)
+        y = self.experts(x[token], counts) * weight.flatten()[order].unsqueeze(-1)  # (T*k, D)
         out = torch.zeros_like(x).index_add_(0, token, y)
-        load = counts.float()  # (E,): the counts the packing used, as the routing record
+        load = counts.float()  # (E,): the counts the grouping used, as the routing record
         return out.reshape(shape), Routing(switch_loss(probs, load), load)
+
+
+def _experts_moved(module, state_dict, prefix, *args) -> None:
+    """Checkpoints from before the experts were a submodule kept ``w_in`` / ``w_out`` on the MoE itself."""
+    for name in ("w_in", "w_out"):
+        if prefix + name in state_dict:
+            state_dict[prefix + "experts." + name] = state_dict.pop(prefix + name)

@@ -272,6 +272,52 @@ def test_moe_matches_loop_over_experts(normalize_topk):
     assert torch.isfinite(routing.loss)
 
 
+def test_grouped_matmul_both_paths_equal_a_loop_over_experts():
+    from models.layers.moe import grouped_matmul
+
+    counts = torch.tensor([3, 0, 5, 1])  # uneven loads and an idle expert
+    x, w = torch.randn(9, 8), torch.randn(4, 8, 12)
+    ends = torch.cumsum(counts, 0).tolist()
+    spans = list(enumerate(zip([0, *ends[:-1]], ends, strict=True)))
+    expected = torch.cat([x[a:b].double() @ w[e].double() for e, (a, b) in spans])
+    torch.testing.assert_close(grouped_matmul(x, w, counts).double(), expected, rtol=1e-5, atol=1e-5)  # grouped
+    torch.testing.assert_close(grouped_matmul(x.double(), w.double(), counts), expected)  # float64: the padded path
+    odd = torch.randn(4, 8, 5)  # rows of 20 bytes: no grouped kernel, padded
+    expected_odd = torch.cat([x[a:b] @ odd[e] for e, (a, b) in spans])
+    torch.testing.assert_close(grouped_matmul(x, odd, counts), expected_odd)
+
+
+def test_moe_grouped_experts_match_the_loop_in_float32():
+    moe = MoE(16, 8, E, K)  # 16 / 8 wide in float32: torch._grouped_mm
+    with torch.no_grad():
+        moe.router.weight.normal_()
+    x = torch.randn(B, N, 16)
+    out, _ = moe(x)
+    global MOE_HIDDEN
+    hidden, MOE_HIDDEN = MOE_HIDDEN, 8
+    try:
+        expected = moe_reference(moe.double(), x.double())
+    finally:
+        MOE_HIDDEN = hidden
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_moe_forward_needs_no_host_sync():
+    # On the meta device nothing has a value: a layer that read a count on the host (padding to the busiest
+    # expert) could not run there. bfloat16: the grouped kernel's meta function takes that dtype.
+    with torch.device("meta"):
+        moe = MoE(32, 64, 8, 2).to(torch.bfloat16)
+        out, routing = moe(torch.randn(2, 16, 32, dtype=torch.bfloat16))
+    assert out.shape == (2, 16, 32) and routing.load.shape == (8,)
+
+
+def test_moe_loads_checkpoints_that_kept_the_experts_on_the_layer():
+    moe = MoE(16, 8, E, K)
+    old = {"router.weight": moe.router.weight, "w_in": torch.randn(E, 16, 16), "w_out": torch.randn(E, 8, 16)}
+    moe.load_state_dict(old)
+    assert torch.equal(moe.experts.w_in, old["w_in"]) and torch.equal(moe.w_out, old["w_out"])
+
+
 @pytest.mark.parametrize("normalize_topk", [False, True])
 def test_moe_router_probabilities_and_topk_weights(normalize_topk):
     moe = MoE(D, MOE_HIDDEN, E, K, normalize_topk)
