@@ -14,8 +14,10 @@ start after the budget is spent):
    ``python -m experiments bench`` (whose method this is: :mod:`experiments.bench`).
 2. ``loss``: 200 real steps of ``configs/lm/tiny.yaml`` through ``python -m experiments fit``, bf16 on the
    GPU and fp32 on the CPU: the two training-loss curves agree within bf16 tolerance.
-3. ``fsdp``: the LM slice under FSDP on one GPU (a unit and a CheckpointWrapper per Block, as the suite's
-   FSDP recipe): the loss of a few steps against the unwrapped model, and the step time.
+3. ``fsdp``: the LM slice under the suite's FSDP2 path on one GPU (``experiments.parallel.parallelize``: a unit
+   per Block, bf16 parameters, fp32 reductions): the loss of a few steps against the unwrapped model, and the
+   step time. ``fsdp2-fit``: the tiny LM through ``fit`` under ``configs/trainer/fsdp2.yaml`` (ModelParallelStrategy,
+   a sharded checkpoint), resumed from it, against the default strategy. (Tensor parallelism needs 2 devices.)
 4. ``images``: DeiT-S (224 px) against timm's VisionTransformer and DiT-B/2 (32x32x4 latents) against
    diffusers' DiTTransformer2DModel, same weights: images/s and ours/theirs step time.
 
@@ -58,7 +60,7 @@ from experiments.bench import (  # noqa: E402
 )
 from scripts.gpu_bench import paper_workloads, peak_tflops  # noqa: E402
 
-SECTIONS = ("lm", "loss", "fsdp", "images")
+SECTIONS = ("lm", "loss", "fsdp", "fsdp2-fit", "images")
 LM_SCHEMES = ("pre", "siamese@on", "siamese@off", "siamese_hybrid@on", "siamese_hybrid@off")
 LOSS_RTOL = 0.03  # bf16 vs fp32 training loss, averaged over windows of 20 steps
 
@@ -114,14 +116,14 @@ def images_section(
 
 
 def fsdp_section(w: Workload, opts: Options, args, out: Path) -> tuple[list[str], list[Target]]:
-    """The siamese LM slice, plain and under FSDP (one process), same init and batch: losses and step times."""
+    """The siamese LM slice, plain and under the suite's FSDP2 path (``experiments.parallel.parallelize`` on a
+    one-process mesh: packed projections, fully_shard per Block and the root, bf16 parameters and fp32
+    reductions on the GPU), same init and batch: losses and step times."""
     import torch.distributed as dist
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.distributed.device_mesh import init_device_mesh
 
     from experiments.bench.run import build_candidate
-    from models.trunk import Block
+    from experiments.parallel import ParallelConfig, parallelize
 
     spec = RunSpec(("siamese",), args.steps, args.warmup)
     plain = build_candidate(w, "siamese", spec, opts)
@@ -131,10 +133,9 @@ def fsdp_section(w: Workload, opts: Options, args, out: Path) -> tuple[list[str]
     store.unlink(missing_ok=True)
     dist.init_process_group(backend, init_method=f"file://{store.resolve()}", rank=0, world_size=1)
     try:
-        device = opts.device if opts.device.type == "cuda" else torch.device("cpu")
-        model = FSDP(wrapped.model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=device, use_orig_params=True)
-        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
-        wrapped.model = wrapped.forward_model = model  # eager: FSDP's own wrapping, no compile
+        mesh = init_device_mesh(opts.device.type, (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        model = parallelize(wrapped.model, mesh, ParallelConfig(), seq_len=None)
+        wrapped.model = wrapped.forward_model = model  # eager: FSDP2's hooks, no compile
         wrapped.optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr)
         plain.forward_model = plain.model
         plain.optimizer = torch.optim.AdamW(plain.model.parameters(), lr=opts.lr)
@@ -153,13 +154,44 @@ def fsdp_section(w: Workload, opts: Options, args, out: Path) -> tuple[list[str]
     ratio = statistics.median(f / p for f, p in zip(wrapped.times, plain.times, strict=True))
     lines = [
         f"- losses of 3 steps, plain: {', '.join(f'{x:.4f}' for x in losses['plain'])}",
-        f"- losses of 3 steps, FSDP (a unit and a CheckpointWrapper per Block): "
+        f"- losses of 3 steps, FSDP2 (experiments.parallel, a unit per Block, bf16 parameters on the GPU): "
         f"{', '.join(f'{x:.4f}' for x in losses['fsdp'])}",
-        f"- step time plain {1e3 * statistics.median(plain.times):.1f} ms, FSDP "
-        f"{1e3 * statistics.median(wrapped.times):.1f} ms (FSDP/plain {ratio:.3f}, eager; the wrapper recomputes "
-        "each block)",
+        f"- step time plain {1e3 * statistics.median(plain.times):.1f} ms, FSDP2 "
+        f"{1e3 * statistics.median(wrapped.times):.1f} ms (FSDP2/plain {ratio:.3f}, eager)",
     ]
     return lines, [Target("fsdp: max relative loss gap to the unwrapped model over 3 steps", gap, 1e-2)]
+
+
+def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]:
+    """``experiments fit`` of the tiny LM under ``configs/trainer/fsdp2.yaml`` on one device (ModelParallelStrategy,
+    a sharded checkpoint), then resumed from it, against the same steps under the default strategy."""
+    from experiments.__main__ import main as experiments_main
+
+    device = ["--trainer.accelerator=cpu" if smoke else "--trainer.accelerator=gpu", "--trainer.devices=1"]
+    common = ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), *device, "--trainer.limit_val_batches=1",
+              "--trainer.val_check_interval=10", "--trainer.num_sanity_val_steps=0", "--summary.log_every_n_steps=1",
+              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+              "--model.init_args.optim.warmup_steps=10", "--run_name=run"]  # fmt: skip
+    if smoke:
+        common += ["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=2",
+                   "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
+                   "--data.init_args.batch_size=8", "--data.init_args.eval_samples=16"]  # fmt: skip
+    fsdp2 = ["-c", str(ROOT / "configs/trainer/fsdp2.yaml"), "--trainer.strategy.data_parallel_size=1"]
+    curves = {}
+    for name, extra in (("plain", []), ("fsdp2", fsdp2)):
+        runs = out / f"fsdp2-{name}"
+        experiments_main([*common, *extra, f"--runs_root={runs}", "--trainer.max_steps=10"])
+        experiments_main([*common, *extra, f"--runs_root={runs}", "--trainer.max_steps=20", "--ckpt_path=last"])
+        summary = json.loads(next(runs.glob("lm/*/run/summary.json")).read_text())
+        curves[name] = [loss for _, loss in summary["train_curve"]]
+    sharded = next((out / "fsdp2-fsdp2").glob("lm/*/run/checkpoints/last.ckpt"))
+    worst = max(abs(f - p) / p for p, f in zip(curves["plain"], curves["fsdp2"], strict=True))
+    lines = [
+        f"- 10 steps, saved, resumed to 20; final loss plain {curves['plain'][-1]:.4f}, "
+        f"FSDP2 {curves['fsdp2'][-1]:.4f}",
+        f"- the FSDP2 run's last.ckpt is {'a folder of shards' if sharded.is_dir() else 'a file'}",
+    ]
+    return lines, [Target("fsdp2 fit: max relative loss gap to the default strategy, 20 steps", worst, LOSS_RTOL)]
 
 
 def loss_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]:
@@ -256,7 +288,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
 
     runners["lm"] = lambda: tables(*lm_section(lm, size, opts, args, peak))
     runners["images"] = lambda: tables(*images_section(images, size, opts, args, peak))
-    runners["fsdp"] = lambda: parts("FSDP on one device (siamese LM slice)", fsdp_section(lm, opts, args, out))
+    runners["fsdp"] = lambda: parts("FSDP2 on one device (siamese LM slice)", fsdp_section(lm, opts, args, out))
+    runners["fsdp2-fit"] = lambda: parts(
+        "fit / resume under configs/trainer/fsdp2.yaml", fsdp_fit_section(args, out, smoke)
+    )
     runners["loss"] = lambda: parts(f"{args.loss_steps} real steps of the tiny LM", loss_section(args, out, smoke))
     for section in sections:
         elapsed = time.perf_counter() - start
