@@ -45,6 +45,8 @@ SCHEME_COLOURS: dict[str, str] = {
     "pre-no-qk-norm": "#9ecae1",  # pale blue: Pre-Norm twins
     "pre-plain-init": "#3182bd",  # mid blue
     "pre-qk-full": "#6baed6",  # light steel blue
+    "attn_res": "#d95f02",  # burnt orange
+    "block_attn_res": "#fdae6b",  # pale orange: attn_res's, lighter
 }
 EXTRA = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 
