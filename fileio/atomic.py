@@ -43,11 +43,13 @@ def temp_path(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path) -> Iterator[IO[bytes]]:
+def atomic_file(path: str | Path, replace: bool = True) -> Iterator[IO[bytes]]:
     """A binary file that replaces ``path`` when the block ends without an exception (module docstring).
 
     The parent directory is created if missing. The temp file's name is ``f.name`` (to check the file
-    before it goes live, e.g. load it back).
+    before it goes live, e.g. load it back). ``replace=False``: the file goes live only if ``path`` still does
+    not exist (a hard link, which fails instead of replacing), so of two processes writing one new output the
+    first wins whole and the second is told (:class:`fileio.checks.InputError`), its work discarded.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,12 +59,34 @@ def atomic_file(path: str | Path) -> Iterator[IO[bytes]]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _publish_new(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _publish_new(tmp: Path, path: Path) -> None:
+    """Makes ``tmp`` visible as ``path`` unless ``path`` exists by now; removes ``tmp``."""
+    from fileio.checks import InputError
+
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise InputError(
+            f"{path} was written by another process while this one worked; it is left as it is (this result is "
+            "discarded); valid: another path, or --overwrite to replace it"
+        ) from None
+    except OSError:  # a file system without hard links: an exclusive create, then the data copied in
+        with open(path, "xb") as out, open(tmp, "rb") as src:  # FileExistsError as above if it appeared
+            out.write(src.read())
+            out.flush()
+            os.fsync(out.fileno())
+    tmp.unlink()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

@@ -174,7 +174,7 @@ def fid_bootstrap(real: RealStats, features: np.ndarray, draws: int, seed: int =
     resample repeats images, so its FID sits above the full set's; the spread, not the level, is what it is for.)
     """
     if not 2 <= draws <= MAX_BOOTSTRAP:
-        raise ValueError(f"fid bootstrap: {draws} resamples; valid: 2 to {MAX_BOOTSTRAP:,}")
+        raise ValueError(f"fid bootstrap: {draws} resamples; valid: 2 or more, at most {MAX_BOOTSTRAP:,}")
     feats = np.asarray(features, dtype=np.float64)
     if feats.ndim != 2 or len(feats) < 2 or feats.shape[1] != len(real.mu):
         raise ValueError(f"fid bootstrap: features of shape {feats.shape}; valid: (N >= 2, {len(real.mu)})")

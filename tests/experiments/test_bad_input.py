@@ -468,6 +468,31 @@ def test_save_real_stats_replaces_a_file_only_with_overwrite(world, monkeypatch,
     assert np.load(stats, allow_pickle=False)["features"].shape == (4, 64)
 
 
+def test_two_save_real_stats_into_one_file_the_first_wins_whole(world, monkeypatch, tmp_path, capsys):
+    """Issue #36, concurrency: two ``fid --save-real-stats`` writing one new file. The other process finishes
+    first (simulated: it writes while this one computes); this one says so, and the file stays the other's."""
+    import experiments.evaluation.fid.weights as fid_weights
+    import experiments.evaluation.generation as generation
+
+    monkeypatch.setattr(fid_weights, "locate_fid_helper_torchscript", lambda: None)  # the fast proxy network
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    stats = tmp_path / "out" / "real.npz"
+    compute = generation.score_against
+
+    def the_other_finishes_first(*args, **kwargs):
+        result = compute(*args, **kwargs)
+        stats.parent.mkdir(exist_ok=True)
+        stats.write_bytes(b"the other process's whole file")
+        return result
+
+    monkeypatch.setattr(generation, "score_against", the_other_finishes_first)
+    args = ["fid", str(world["a"]), str(world["b"]), "--feature", "64", "--no-progress", "--save-real-stats", str(stats)]
+    line = error_line(args, capsys)
+    assert f"{stats} was written by another process while this one worked; it is left as it is" in line
+    assert stats.read_bytes() == b"the other process's whole file"
+    assert sorted(p.name for p in stats.parent.iterdir()) == ["real.npz"]  # no temp file left
+
+
 #################################################################################
 #          Second round: prompts, run directories that are links                 #
 #################################################################################

@@ -119,7 +119,8 @@ def fid_between(args: argparse.Namespace) -> list[str]:
         bootstrap=args.bootstrap,
     )
     if args.save_real_stats is not None:
-        save_real_stats(args.save_real_stats, computed.stats(), extractor.backend, computed.stacked().numpy())
+        stats, features = computed.stats(), computed.stacked().numpy()
+        save_real_stats(args.save_real_stats, stats, extractor.backend, features, replace=args.overwrite)
     lines = scores.lines()
     lines[0] += f" (backend={extractor.backend}, n_a={reference.image_count}, n_b={len(samples)})"
     lines = [

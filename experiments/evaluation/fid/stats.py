@@ -58,11 +58,14 @@ def same_feature_space(a: str | None, b: str | None) -> bool:
     return a is None or b is None or (a == PROXY_BACKEND) == (b == PROXY_BACKEND)
 
 
-def save_real_stats(path: str | Path, stats: RealStats, backend: str, features: np.ndarray | None = None) -> Path:
-    """Writes a statistics file atomically (:func:`fileio.atomic_file`)."""
+def save_real_stats(
+    path: str | Path, stats: RealStats, backend: str, features: np.ndarray | None = None, replace: bool = True
+) -> Path:
+    """Writes a statistics file atomically (:func:`fileio.atomic_file`); ``replace=False``: only if ``path`` is
+    still absent when the file is complete (two commands saving one new file: the first wins, whole)."""
     path = Path(path)
     extra = {} if features is None else {"features": np.asarray(features, np.float32)}
-    with atomic_file(path) as f:
+    with atomic_file(path, replace=replace) as f:
         np.savez(
             f,
             mu=stats.mu,
