@@ -63,7 +63,7 @@ from experiments.reliability.config_files import (
     origin_of,
     read_config,
 )
-from experiments.reliability.errors import OutputDirError, SuiteError
+from experiments.reliability.errors import OutputDirError, SuiteError, free_space_note
 from experiments.reliability.layout import (
     NAME_PATTERN,
     NAME_RULE,
@@ -357,7 +357,8 @@ class SuiteCLI(LightningCLI):
             newest = newest_readable(checkpoint_dir(self.trainer))
             good = f"the newest good checkpoint is {newest} (it loads; --ckpt_path last resumes from it)"
             raise OutputDirError(
-                f"disk full while writing to {self._run_dir}; {good if newest else 'no checkpoint was saved'}"
+                f"disk full while writing to {self._run_dir}{free_space_note(self._run_dir)}; "
+                f"{good if newest else 'no checkpoint was saved'}"
             ) from err
 
     def after_fit(self) -> None:

@@ -121,6 +121,31 @@ def _is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, TypeError) and "Does not validate against any of the Union subtypes" in str(exc)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_space_note(path: object) -> str:
+    """``" (1.2 GiB free on its file system)"`` for the nearest existing folder of ``path``; "" if unknown."""
+    import shutil
+    from pathlib import Path
+
+    if path is None:
+        return ""
+    for folder in [Path(str(path)), *Path(str(path)).parents]:
+        try:
+            if folder.is_dir():
+                free = float(shutil.disk_usage(folder).free)
+                break
+        except OSError:
+            return ""
+    else:
+        return ""
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    while free >= 1024 and len(units) > 1:
+        free, units = free / 1024, units[1:]
+    return f" ({free:.1f} {units[0]} free on its file system)"
+
+
 def describe(exc: BaseException) -> tuple[int, str] | None:
     """Exit status and one-line message for a user error or an interrupt; None for anything else.
 
@@ -145,5 +170,6 @@ def describe(exc: BaseException) -> tuple[int, str] | None:
         return None
     if isinstance(exc, OSError) and exc.strerror:  # raised by the OS: "[Errno 28] ..." reads better without the number
         where = f": {exc.filename!s}" if exc.filename else ""
-        return USAGE_ERROR, f"{exc.strerror}{where}"
+        free = free_space_note(exc.filename) if exc.errno in DISK_FULL else ""
+        return USAGE_ERROR, f"{exc.strerror}{where}{free}"
     return USAGE_ERROR, _first_line(exc)

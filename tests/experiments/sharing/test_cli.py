@@ -232,3 +232,21 @@ def test_overwrite_replaces_only_the_earlier_exports_own_files_and_modes_follow_
     (out / "my_notes.txt").unlink()
     main(["export", "--ckpt", str(runs["lm"]), "--out", str(out), "--overwrite", "--no-check"])  # its own files only
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_a_full_disk_mid_export_is_one_line_naming_the_path_and_leaves_nothing(runs, tmp_path, capsys, monkeypatch):
+    """ENOSPC while the export is written (here: its card): one line with the path and the free space; --out
+    is not created and no partial directory stays beside it."""
+    import errno
+
+    import experiments.sharing.cli as export_cli
+
+    def full(run, report, folder):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "README.md"))
+
+    monkeypatch.setattr(export_cli, "write_card", full)
+    out = tmp_path / "exports" / "lm"
+    line = error_line(["--ckpt", str(runs["lm"]), "--out", str(out), "--no-check"], capsys)
+    assert line.startswith("error: No space left on device: ") and "README.md" in line
+    assert "free on its file system)" in line
+    assert sorted(p.name for p in (tmp_path / "exports").iterdir()) == []  # no out, no .lm.partial-*
