@@ -9,12 +9,13 @@ meshes), launching jobs across nodes (``experiments.sweeps``).
     mesh (data_parallel, tensor_parallel)         from ModelParallelStrategy(data_parallel_size, tensor_parallel_size)
       tensor_parallel > 1:  per Block             attention / MLP column- then row-parallel (Megatron); the
                                                   residual streams of every scheme sharded over the sequence
+      expert_parallel:      per MoE Block         experts split over data_parallel, tokens sent by all-to-all
       per Block, then root: fully_shard           parameters, gradients and optimizer state over data_parallel
 
 Everything runs on CPU processes (gloo) as it does on GPUs (NCCL): the tests prove it there.
 """
 
 from experiments.parallel.config import ParallelConfig
-from experiments.parallel.shard import is_parallelized, parallelize, sync_sequence_parallel_grads
+from experiments.parallel.shard import is_parallelized, parallelize, sync_grads
 
-__all__ = ["ParallelConfig", "is_parallelized", "parallelize", "sync_sequence_parallel_grads"]
+__all__ = ["ParallelConfig", "is_parallelized", "parallelize", "sync_grads"]

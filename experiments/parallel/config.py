@@ -20,11 +20,14 @@ class ParallelConfig:
         reduce_dtype: the dtype gradients are reduce-scattered in.
         reshard_after_forward: free each Block's gathered parameters after its forward and gather them again in
             backward (ZeRO-3); False keeps them (ZeRO-2: more memory, one all-gather fewer per Block).
+        expert_parallel: split an MoE trunk's experts over the data-parallel ranks and send each token copy to
+            the rank of its expert (all-to-all; experiments.parallel.expert) instead of FSDP-sharding them.
     """
 
     param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     reshard_after_forward: bool = True
+    expert_parallel: bool = False
 
     def param_torch_dtype(self, device_type: str) -> torch.dtype:
         """The all-gather dtype on ``device_type`` ("cpu", "cuda")."""

@@ -18,7 +18,7 @@ import time
 
 from experiments.parallel.memory import fits_line, format_estimate, measure, parse_memory, size
 from experiments.reliability.errors import ArgumentParser
-from experiments.sweeps.estimate import memory_inputs, per_device_batch, resolve_config, task_name
+from experiments.sweeps.estimate import data_facts, memory_inputs, per_device_batch, resolve_config, task_name
 from fileio.checks import InputError
 
 DEFAULT_GPU_MEMORY = "80GB"
@@ -28,6 +28,14 @@ def report(argv: list[str], gpu_memory: int) -> str:
     """The lines ``estimate`` prints for one resolved config."""
     if not any(a in ("-c", "--config") for a in argv):
         raise InputError("no config given; valid: python -m experiments estimate -c CONFIG.yaml [-c ...]")
+    stray = [
+        a for i, a in enumerate(argv) if a not in ("-c", "--config") and argv[i - 1 : i] not in (["-c"], ["--config"])
+    ]
+    stray = [a for a in stray if not (a.startswith("--") and "=" in a)]
+    if stray:
+        raise InputError(
+            f"estimate does not take {stray[0]!r} (command line); valid: -c CONFIG, --key=value, --gpu-memory SIZE"
+        )
     config = resolve_config(argv)
     workload, setup = memory_inputs(config)
     lines = [f"{task_name(config)} run: {setup.describe()}, per-device batch {per_device_batch(config, setup)}"]
@@ -41,7 +49,8 @@ def report(argv: list[str], gpu_memory: int) -> str:
         )
         notes = est.notes
     lines.append(f"  steady between steps (params + grads + optimizer): {size(est.steady)}")
-    lines += [f"  note: {n}" for n in notes]
+    data_note = data_facts(task_name(config), config, {})[1]
+    lines += [f"  note: {n}" for n in (*notes, data_note) if n]
     lines.append("  not counted: CUDA context and workspaces (~0.5-1 GB), allocator fragmentation")
     return "\n".join(lines)
 

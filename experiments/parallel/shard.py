@@ -2,10 +2,11 @@
 
     parallelize(net, mesh, config)
       0. fused projections held as their parts (experiments.parallel.packed), at every mesh size
-      1. tensor_parallel > 1: experiments.parallel.tensor (per Block, in place)
+      1. tensor_parallel > 1: experiments.parallel.tensor (per Block, in place); or, for an MoE trunk with
+         parallel.expert_parallel, its experts split over data_parallel (experiments.parallel.expert)
       2. fully_shard(block) for every trunk Block, then fully_shard(net) for what is left (embeddings, heads,
          readout): one all-gather per Block in forward and in backward, one reduce-scatter per Block
-      3. the names of the sequence-parallel parameters kept on the net, for sync_sequence_parallel_grads
+      3. the names of the sequence-parallel parameters kept on the net, for sync_grads
 
 Activation checkpointing stays the trunk's own switch (``trunk.activation_checkpointing``): it recomputes each
 Block inside ``forward_state``, which composes with fully_shard (the Block's parameters are gathered again for
@@ -23,12 +24,14 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from experiments.parallel.config import DTYPES, ParallelConfig
+from experiments.parallel.expert import apply_expert_parallel, expert_modules, scale_expert_grads
 from experiments.parallel.packed import pack_trunk
 from experiments.parallel.tensor import apply_tensor_parallel, check_tensor_parallel, sequence_parallel_params
 from models.trunk import Trunk
 
 DP, TP = "data_parallel", "tensor_parallel"  # Lightning's ModelParallelStrategy names its mesh dimensions so
 SP_PARAMS = "_sequence_parallel_params"  # attribute on the net: names of the parameters synced over TP
+EP_RANKS = "_expert_parallel_ranks"  # attribute on the net: ranks its experts are split over (0: none)
 
 
 def is_parallelized(net: nn.Module) -> bool:
@@ -64,22 +67,31 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
         apply_tensor_parallel(trunk, mesh[TP])
         names = {id(p): n for n, p in net.named_parameters()}
         sp_names = [names[id(p)] for p in sequence_parallel_params(trunk)]
+    dp_mesh = mesh[DP]
+    experts: set[nn.Parameter] = set()
+    if config.expert_parallel:  # the experts are sharded by expert: FSDP2 leaves them alone
+        apply_expert_parallel(trunk, dp_mesh)
+        experts = {p for module in expert_modules(trunk) for p in module.parameters()}
     device_type = mesh.device_type
     policy = MixedPrecisionPolicy(
         param_dtype=config.param_torch_dtype(device_type), reduce_dtype=DTYPES[config.reduce_dtype]
     )
-    dp_mesh = mesh[DP]
+    shard = {"mesh": dp_mesh, "mp_policy": policy, "reshard_after_forward": config.reshard_after_forward}
     for block in trunk.blocks:
-        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
-    fully_shard(net, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
+        fully_shard(block, ignored_params={p for p in block.parameters() if p in experts} or None, **shard)
+    fully_shard(net, ignored_params=experts or None, **shard)
     setattr(net, SP_PARAMS, tuple(sp_names))
+    setattr(net, EP_RANKS, dp_mesh.size() if experts else 0)
     return net
 
 
 @torch.no_grad()
-def sync_sequence_parallel_grads(net: nn.Module, mesh: DeviceMesh) -> None:
-    """Sums over the tensor-parallel group the gradients each rank computed from its own share of the sequence
-    (or its own heads), so every rank steps with the whole gradient. A no-op without tensor parallelism."""
+def sync_grads(net: nn.Module, mesh: DeviceMesh) -> None:
+    """What FSDP2's reduction leaves to do before the optimizer step: the gradients each rank computed from its
+    own share of the sequence (or its own heads) summed over the tensor-parallel group, and the experts'
+    summed gradients averaged over the expert-parallel ranks. A no-op for plain FSDP2."""
+    if ranks := getattr(net, EP_RANKS, 0):
+        scale_expert_grads(trunk_of(net), ranks)
     names = getattr(net, SP_PARAMS, ())
     if not names or mesh[TP].size() == 1:
         return

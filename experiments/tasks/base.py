@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.monitoring.hparams import declare_hparams
-from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_sequence_parallel_grads
+from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_grads
 from experiments.parallel.clip import clip_grad_norm
 from experiments.parallel.shard import TP
 from experiments.tasks.optim import OptimConfig, build_optimizer
@@ -74,9 +74,10 @@ class TaskModule(L.LightningModule):
         clip_grad_norm(self.net.parameters(), gradient_clip_val)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        # Tensor parallelism: the gradients each rank took from its share of the sequence, summed (before clipping).
+        # Tensor parallelism: the gradients each rank took from its share of the sequence, summed; expert
+        # parallelism: the experts' gradients averaged (before clipping).
         if self._device_mesh is not None:
-            sync_sequence_parallel_grads(self.net, self._device_mesh)
+            sync_grads(self.net, self._device_mesh)
 
     @property
     def scheme(self) -> str:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
+from torch.distributed.tensor import DTensor
 
 
 class Routing(NamedTuple):
@@ -127,8 +128,10 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w_out, std=1 / math.sqrt(hidden))
 
     def forward(self, x: Tensor, counts: Tensor) -> Tensor:
-        gate, up = grouped_matmul(x, self.w_in, counts).chunk(2, dim=-1)  # (A, H) each
-        return grouped_matmul(F.silu(gate) * up, self.w_out, counts)  # (A, D)
+        # Under expert parallelism the weights are DTensors cut on the expert axis: this rank's experts are its part.
+        w_in, w_out = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w_in, self.w_out))
+        gate, up = grouped_matmul(x, w_in, counts).chunk(2, dim=-1)  # (A, H) each
+        return grouped_matmul(F.silu(gate) * up, w_out, counts)  # (A, D)
 
 
 class MoE(nn.Module):

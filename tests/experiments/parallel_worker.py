@@ -4,7 +4,8 @@ Runs a list of jobs one after another in the same process group, so the processe
 start-up once for many runs:
 
     {"kind": "fit", "argv": [...]}                   python -m experiments ARGV through the real CLI and Trainer
-    {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh;
+    {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh
+     (+ "experts": E: an MoE trunk, experts split over the d ranks);
                                                       writes the largest relative gradient difference to the
                                                       same network in one process, on the whole batch
 
@@ -25,25 +26,27 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments.__main__ import main  # noqa: E402 - after the path: the worker runs as a script
-from experiments.parallel import ParallelConfig, parallelize, sync_sequence_parallel_grads  # noqa: E402
+from experiments.parallel import ParallelConfig, parallelize, sync_grads  # noqa: E402
 from models import LanguageModel, TrunkConfig  # noqa: E402
 
 
-def tiny_lm(scheme: str) -> LanguageModel:
+def tiny_lm(scheme: str, experts: int = 0) -> LanguageModel:
     torch.manual_seed(0)
+    moe = {"moe_experts": experts, "moe_top_k": 2, "moe_hidden": 16} if experts else {}
     cfg = TrunkConfig(
         dim=32, depth=2, num_heads=2, mlp="swiglu", mlp_hidden=64, norm_scheme=scheme, norm_layer="rmsnorm",
-        qk_norm=True, bias=False, init="normal", init_std=0.02,
+        qk_norm=True, bias=False, init="normal", init_std=0.02, **moe,
     )  # fmt: skip
     return LanguageModel(cfg, 256, max_seq_len=32)
 
 
-def grad_difference(scheme: str, dp: int, tp: int) -> float:
-    """Largest ``|g_sharded - g| / max|g|`` over the parameters; the loss is asymmetric in the batch rows."""
+def grad_difference(scheme: str, dp: int, tp: int, experts: int = 0) -> float:
+    """Largest ``|g_sharded - g| / max|g|`` over the parameters; the loss is asymmetric in the batch rows.
+    With ``experts``, an MoE trunk whose experts are split over the ``dp`` ranks (expert parallelism)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    net = tiny_lm(scheme)
+    net = tiny_lm(scheme, experts)
     idx = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
     weights = torch.arange(1, 5, dtype=torch.float32).view(4, 1, 1)  # rows weigh differently: order matters
 
@@ -54,11 +57,11 @@ def grad_difference(scheme: str, dp: int, tp: int) -> float:
     reference = {name: p.grad.clone() for name, p in net.named_parameters()}
     net.zero_grad()
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    parallelize(net, mesh, ParallelConfig(), seq_len=32)
+    parallelize(net, mesh, ParallelConfig(expert_parallel=bool(experts)), seq_len=32)
     rows = mesh["data_parallel"].get_local_rank()
     share = slice(rows * 4 // dp, (rows + 1) * 4 // dp)
     (loss(net(idx[share]), weights[share]) * dp).backward()  # FSDP averages over dp: undo it for a sum
-    sync_sequence_parallel_grads(net, mesh)
+    sync_grads(net, mesh)
     worst = 0.0
     for name, p in net.named_parameters():
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
@@ -74,7 +77,7 @@ def run(jobs: list[dict], out: Path) -> None:
     results = []
     for job in jobs:
         if job["kind"] == "grads":
-            results.append(grad_difference(job["scheme"], job["dp"], job["tp"]))
+            results.append(grad_difference(job["scheme"], job["dp"], job["tp"], job.get("experts", 0)))
         else:
             main(job["argv"])
             results.append(None)

@@ -81,6 +81,7 @@ def test_the_large_lm_configs_shard_with_fsdp2(tmp_path: Path, config: str):
     parallel = cli.model.parallel_cfg
     assert parallel.param_torch_dtype("cuda") == torch.bfloat16 and parallel.param_torch_dtype("cpu") == torch.float32
     assert cli.model.net.trunk.cfg.activation_checkpointing
+    assert parallel.expert_parallel == ("moe" in config)  # 64 experts over the 8 GPUs
 
 
 def test_the_fsdp2_tp_overlay_asks_for_a_node_of_tensor_parallelism(tmp_path: Path):

@@ -1,12 +1,13 @@
-"""Scale-out on CPU processes (gloo) through the real CLI and Trainer: FSDP2, tensor / sequence parallelism and
-sharded checkpoints, each held to one process running the same global batch.
+"""Scale-out on CPU processes (gloo) through the real CLI and Trainer: FSDP2, tensor / sequence parallelism, expert
+parallelism and sharded checkpoints, each held to one process running the same global batch.
 
 Three launches of tests/experiments/parallel_worker.py share the cost of starting processes over every check:
 
     world 1   part run C (ModelParallelStrategy on one process, 4 steps); the DiT on one process
-    world 2   gradient checks (4 schemes x FSDP2 / TP); fits: FSDP2 and TP for pre, TP for siamese; TP part ->
-              resume (against the uninterrupted TP run); C resumed on 2 (1 -> 2); part run A (FSDP2);
-              ViT and DiT under FSDP2 beside DDP, DiT under TP
+    world 2   gradient checks: 4 schemes x FSDP2 / TP, and the MoE with its experts split over the ranks;
+              fits: FSDP2 and TP for pre, TP for siamese; TP part -> resume (against the uninterrupted TP run);
+              C resumed on 2 (1 -> 2); part run A (FSDP2); ViT and DiT under FSDP2 beside DDP, DiT under TP;
+              the MoE with and without expert parallelism
     world 1   A resumed on one process (2 -> 1)
 
 Tolerances: gradients of one step within 1e-5 relative (measured ~6e-7: the sums are split differently); losses
@@ -80,6 +81,8 @@ def images(config: list[str], runs: Path, batch: int, steps: int, *extra: str) -
     ]  # fmt: skip
 
 
+MOE = ["-c", str(ROOT / "configs/lm/moe-tiny.yaml"), "--model.init_args.trunk.moe_experts=4",
+       "--model.init_args.trunk.moe_hidden=16"]  # fmt: skip
 VIT = ["-c", str(ROOT / "configs/vit/tiny.yaml"), "--model.init_args.trunk.dim=16", "--data.init_args.limit_train=64",
        "--data.init_args.val_size=16", "--model.init_args.ema_decay=0.9"]  # fmt: skip
 DIT = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/dit/synthetic-latents.yaml"),
@@ -128,7 +131,7 @@ def ran(tmp_path_factory, corpus) -> dict:
     root = tmp_path_factory.mktemp("parallel")
     r = {name: root / name for name in (
         "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
-        "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp",
+        "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp", "moe_fsdp", "moe_ep",
         "dit_one", "launch")}  # fmt: skip
     main(lm(r["one"], corpus, 8, STEPS))  # one process, batch 8, the default strategy
     main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
@@ -138,6 +141,7 @@ def ran(tmp_path_factory, corpus) -> dict:
     ]
     launch(one, r["launch"] / "c", world=1)
     grads = [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp} for s in SCHEMES for dp, tp in MESHES]
+    grads += [{"kind": "grads", "scheme": s, "dp": 2, "tp": 1, "experts": 4} for s in ("pre", "siamese")]
     jobs = [
         *grads,
         fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
@@ -152,18 +156,44 @@ def ran(tmp_path_factory, corpus) -> dict:
         fit(images(DIT, r["dit_fsdp"], 4, 2, *strategy(2, 1))),
         fit(images(DIT, r["dit_ddp"], 4, 2, "--trainer.devices=2", "--trainer.strategy=ddp")),
         fit(images(DIT, r["dit_tp"], 8, 2, *strategy(1, 2))),
+        fit(lm(r["moe_fsdp"], corpus, 4, PART, "pre", *MOE, *strategy(2, 1))),
+        fit(
+            lm(
+                r["moe_ep"],
+                corpus,
+                4,
+                PART,
+                "pre",
+                *MOE,
+                *strategy(2, 1),
+                "--model.init_args.parallel.expert_parallel=true",
+            )
+        ),
     ]
     results = launch(jobs, r["launch"] / "two", world=2)
     launch([fit(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))],  # 2 -> 1
            r["launch"] / "a", world=1)  # fmt: skip
-    r["grads"] = dict(zip([(g["scheme"], g["dp"], g["tp"]) for g in grads], results[0][: len(grads)], strict=True))
+    keys = [(g["scheme"], g["dp"], g["tp"], g.get("experts", 0)) for g in grads]
+    r["grads"] = dict(zip(keys, results[0][: len(grads)], strict=True))
     return r
 
 
 @pytest.mark.parametrize("dp,tp", MESHES, ids=["fsdp2-dp2", "tp2"])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_sharded_gradients_equal_one_process_on_the_whole_batch(ran: dict, scheme: str, dp: int, tp: int):
-    assert ran["grads"][(scheme, dp, tp)] <= RTOL
+    assert ran["grads"][(scheme, dp, tp, 0)] <= RTOL
+
+
+@pytest.mark.parametrize("scheme", ["pre", "siamese"])
+def test_expert_parallel_gradients_equal_one_process(ran: dict, scheme: str):
+    assert ran["grads"][(scheme, 2, 1, 4)] <= RTOL  # 4 experts over 2 ranks, tokens by all-to-all
+
+
+def test_an_moe_fit_with_its_experts_split_over_the_ranks_follows_fsdp2(ran: dict):
+    # Both run the load-balancing loss on each rank's own tokens (as DDP does): held to each other, not to one process
+    assert len(curve(ran["moe_ep"])) == PART
+    close(curve(ran["moe_ep"]), curve(ran["moe_fsdp"]))
+    assert last(ran["moe_ep"]).is_dir() and checkpoint_problem(last(ran["moe_ep"])) is None
 
 
 def close(a: list[float], b: list[float], rtol: float = RTOL) -> None:
