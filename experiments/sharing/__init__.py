@@ -3,7 +3,8 @@
     cli.py                the command: arguments, the refusals, staging, the printed summary
     checkpoint.py         a run's checkpoint read safely: task, settings, the evaluated network, summary.json
     source.py             the self-contained code an export carries, generated from the suite's own modules
-    hf.py, hf_tokenizer.py   LM -> transformers (AutoModelForCausalLM / AutoTokenizer, trust_remote_code)
+    hf.py, hf_tokenizer.py   LM -> transformers (AutoModelForCausalLM with trust_remote_code; the tokenizer with
+                          PreTrainedTokenizerFast, no remote code)
     timm_export.py        ViT -> timm's hub layout (timm.create_model("local-dir:...")), the eval transform as
                           pretrained_cfg
     diffusers_export.py, dit_pipeline.py   DiT -> a diffusers pipeline folder running the suite's sampler

@@ -1,6 +1,6 @@
 """``python -m experiments export --ckpt RUN/checkpoints/last.ckpt [--format hf|timm|diffusers] --out DIR``.
 
-    LM   -> hf         transformers folder: AutoModelForCausalLM / AutoTokenizer (trust_remote_code=True)
+    LM   -> hf         transformers folder: AutoModelForCausalLM (trust_remote_code=True) / PreTrainedTokenizerFast
     ViT  -> timm       timm hub layout: timm.create_model("local-dir:DIR") after importing DIR/suite_vit.py
     DiT  -> diffusers  pipeline folder: DiffusionPipeline.from_pretrained(DIR, trust_remote_code=True)
 

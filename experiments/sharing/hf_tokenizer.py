@@ -1,4 +1,5 @@
-"""The run's tokenizer as a transformers tokenizer that ``AutoTokenizer.from_pretrained`` reads without remote code.
+"""The run's tokenizer as a transformers tokenizer that ``PreTrainedTokenizerFast.from_pretrained`` (and
+``AutoTokenizer``) read without remote code.
 
     byte   a byte-level BPE with the 256 byte symbols and no merges: token id = byte value, exactly the
            suite's ``ByteTokenizer`` (decoding invalid UTF-8 gives U+FFFD, as the suite does). Id 0, the
