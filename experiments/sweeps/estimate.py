@@ -20,6 +20,7 @@ import copy
 import functools
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,7 +28,16 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from experiments.parallel.memory import MemoryEstimate, MemorySetup, Workload, measure, setup_from_config, workload_for
+from experiments.parallel.memory import (
+    GB,
+    MemoryEstimate,
+    MemorySetup,
+    Workload,
+    measure,
+    parse_memory,
+    setup_from_config,
+    workload_for,
+)
 from experiments.sweeps.spec import Run, SpecError, SweepSpec
 from fileio.checks import InputError
 from models import TrunkConfig, count_params
@@ -36,6 +46,8 @@ from models.lm import LanguageModel
 from models.vit import ViTClassifier
 
 TASKS = {"LanguageModeling": "lm", "ImageClassification": "vit", "LatentDiffusion": "dit"}
+GPU_MEMORY_GB = {"H200": 141, "H100": 80, "B200": 192, "B100": 192, "A100": 80, "L40S": 48, "V100": 32}
+DEFAULT_GPU_MEMORY_GB = 80
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -335,3 +347,15 @@ def memory_estimate(spec: SweepSpec, run: Run) -> MemoryEstimate | str:
         return _memory_cached(json.dumps(key, sort_keys=True))
     except ValueError as exc:  # InputError included: a setting the estimate cannot read, a mesh that cannot shard
         return f"no memory estimate: {exc}"
+
+
+def gpu_memory_of(gpu: str) -> tuple[int, str]:
+    """Bytes of one device named by a spec's ``compute.gpu`` (``"H100 SXM, bf16 dense"`` -> 80 GB), and how it
+    was found: a size written in the name (``"A100 40GB"``), else the model's, else 80 GB (said so)."""
+    match = re.search(r"(\d+(?:\.\d+)?)\s*(GB|GiB)\b", gpu, re.IGNORECASE)
+    if match:
+        return parse_memory(match[0], "compute.gpu", "spec"), f"{match[0]} from compute.gpu"
+    for model, size in GPU_MEMORY_GB.items():
+        if model.lower() in gpu.lower():
+            return int(size * GB), f"{model}: {size} GB"
+    return int(DEFAULT_GPU_MEMORY_GB * GB), f"{DEFAULT_GPU_MEMORY_GB} GB assumed ({gpu!r} not known)"

@@ -2,7 +2,10 @@
 
 Nothing is written. The FLOPs and GPU-hours come from :mod:`experiments.sweeps.estimate`; the GPU-hours
 assume the accelerator and MFU of the spec's ``compute`` block (``--compute mfu=0.35`` changes them), and
-the line says so, since an MFU is an assumption until measured on the cluster.
+the line says so, since an MFU is an assumption until measured on the cluster. The ``peak/GPU`` column is
+one training step's per-device peak under the run's strategy, precision and activation checkpointing,
+measured on fake tensors (:mod:`experiments.parallel.memory`; one measurement per distinct shape), against
+the memory of ``compute.gpu``: ``ok`` or ``OVER``.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from experiments.parallel.memory import size
 from experiments.sweeps.cluster import SUBMITIT_DIR, sbatch_script
-from experiments.sweeps.estimate import Estimate, estimate, run_extra_args
+from experiments.sweeps.estimate import Estimate, estimate, gpu_memory_of, memory_estimate, run_extra_args
 from experiments.sweeps.spec import SweepSpec, grid, sweep_dir_of
 
 
@@ -51,30 +55,48 @@ def _budget_line(spec: SweepSpec, est: Estimate) -> str:
     return f"budget: {kind} {value:,} -> {steps} steps of {per} (override: --budget {kind}=N)"
 
 
-def dry_run(specs: list[SweepSpec], commands: bool = False) -> str:
-    """The report ``--dry-run`` prints for every part of a sweep file."""
+def _memory_cell(mem: object, capacity: int) -> tuple[str, str]:
+    """(``50.04 GB ok`` / ``222.1 GB OVER``, a note) for the peak/GPU column."""
+    if isinstance(mem, str):
+        return "?", mem
+    verdict = "ok" if mem.peak <= capacity else "OVER"
+    return f"{size(mem.peak)} {verdict}", "; ".join(mem.notes)
+
+
+def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True) -> str:
+    """The report ``--dry-run`` prints for every part of a sweep file (``memory``: with the peak/GPU column)."""
     out = []
     for spec in specs:
         runs = grid(spec)
         ests = [estimate(spec, run) for run in runs]
+        capacity, found = gpu_memory_of(spec.compute["gpu"])
+        mems = [_memory_cell(memory_estimate(spec, run), capacity) if memory else ("", "") for run in runs]
         sweep_dir = sweep_dir_of(spec)
         out += [
             f"sweep {spec.name} ({spec.source}): {len(runs)} jobs into {sweep_dir}",
             "  " + _launcher_line(spec, len(runs)),
             "  " + _budget_line(spec, ests[0]),
         ]
+        if memory:
+            out.append(
+                f"  memory: peak/GPU of one training step vs {size(capacity)} ({found}); activation checkpointing as "
+                "configured (python -m experiments estimate -c ... shows both settings)"
+            )
         width = max(len(e.run) for e in ests)
         unit = "tokens" if ests[0].task == "lm" else "images"
+        mem_head = f"  {'peak/GPU':>13}" if memory else ""
         out.append(
             f"  {'#':>3}  {'run':<{width}}  {'params':>8}  {'steps':>9}  {unit:>8}  {'FLOPs':>9}  "
-            f"{'GPU-h':>8}  {'wall-h':>7}  note"
+            f"{'GPU-h':>8}  {'wall-h':>7}{mem_head}  note"
         )
-        for i, e in enumerate(ests, 1):
+        for i, (e, (cell, mem_note)) in enumerate(zip(ests, mems, strict=True), 1):
             wall = e.gpu_hours / e.world if e.gpu_hours is not None and e.world else None
             flops = None if e.train_flops is None else e.train_flops + (e.test_flops or 0)
+            note = "; ".join(n for n in (e.note, mem_note) if n)
+            mem_col = f"  {cell:>13}" if memory else ""
             out.append(
                 f"  {i:>3}  {e.run:<{width}}  {_count(e.params):>8}  {e.steps or 0:>9,}  {_count(e.samples):>8}  "
-                f"{_flops(flops):>9}  {_fmt_hours(e.gpu_hours):>8}  {_fmt_hours(wall):>7}  {e.note}"
+                f"{_flops(flops):>9}  {_fmt_hours(e.gpu_hours):>8}  {_fmt_hours(wall):>7}{mem_col}  {note}"
             )
         known = [e for e in ests if e.gpu_hours is not None]
         flops = sum(e.train_flops + (e.test_flops or 0) for e in known)

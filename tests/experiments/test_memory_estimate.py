@@ -9,6 +9,7 @@ wrong world size, a forgotten gradient or AdamW moment, or a DDP without its buc
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -28,7 +29,8 @@ from experiments.parallel.memory import (
     workload_for,
 )
 from experiments.parallel.packed import pack_trunk
-from experiments.sweeps.estimate import memory_inputs, resolve_config
+from experiments.sweeps import sweep
+from experiments.sweeps.estimate import gpu_memory_of, memory_inputs, resolve_config
 from fileio.checks import InputError
 from models import LanguageModel, TrunkConfig
 
@@ -141,6 +143,7 @@ def test_the_per_device_batch_follows_the_global_batch_over_the_data_parallel_ra
     [
         (["--gpu-memory", "abc"], "--gpu-memory='abc' is not a memory size (command line); valid: a positive size"),
         (["--gpu-memory=-80GB"], "--gpu-memory='-80GB' is not a memory size"),
+        (["--gpu_memory", "80GB"], "estimate does not take '--gpu_memory' (command line); valid: -c CONFIG"),
         (["--trainer.devices=0"], "world size trainer.devices x trainer.num_nodes = 0 x 1 = 0 (config)"),
         (["--trainer.precision=fp8"], "trainer.precision='fp8' (config) is not estimated; valid: 32-true"),
         (["--trainer.strategy=deepspeed"], "trainer.strategy='deepspeed' (config) is not estimated"),
@@ -188,6 +191,24 @@ def test_gpu_memory_units():
 def test_a_real_process_group_is_left_alone():
     with fake_process_group(2), pytest.raises(RuntimeError, match="already initialized"), fake_process_group(2):
         pass
+
+
+@pytest.mark.slow  # three tiny LMs measured (seconds each)
+def test_the_dry_run_shows_each_runs_peak_per_gpu(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    sweep.main(["sweep", "configs/sweeps/lm-tiny.yaml", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "memory: peak/GPU of one training step vs 80.00 GB (H100: 80 GB)" in out
+    rows = re.findall(r"^\s+\d+\s+(pre|post|siamese)\s.*\s([\d.]+) MB ok  ", out, re.MULTILINE)
+    assert [name for name, _ in rows] == ["pre", "post", "siamese"]
+    assert float(rows[2][1]) > float(rows[0][1])  # two residual streams hold more than one
+
+
+def test_gpu_memory_of_a_spec_names_the_size():
+    assert gpu_memory_of("H100 SXM, bf16 dense") == (80 * 10**9, "H100: 80 GB")
+    assert gpu_memory_of("A100 40GB")[0] == 40 * 10**9
+    assert gpu_memory_of("H200")[0] == 141 * 10**9
+    assert "assumed" in gpu_memory_of("TPU v5")[1]
 
 
 # ------------------------------------------------------------------------------------ against a real CPU fit

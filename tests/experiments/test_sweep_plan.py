@@ -90,6 +90,7 @@ def test_every_run_of_every_shipped_spec_builds_on_the_meta_device(path: str, pa
             assert str(merged["trainer"].get("devices")) == str(config.trainer.devices)
 
 
+@pytest.mark.slow  # the peak/GPU column measures each of the 10 schemes' 1.28B LM on fake tensors (minutes)
 def test_paper_table1_dry_run_lists_30_jobs_with_their_compute(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     sweep.main(["sweep", "configs/sweeps/paper-table1.yaml", "--dry-run"])
@@ -104,8 +105,11 @@ def test_paper_table1_dry_run_lists_30_jobs_with_their_compute(monkeypatch, caps
     assert rows[0][2] == f"{hours:,.0f}"
     assert re.search(r"grid: 30 runs, \S+ FLOPs, [\d,]+ GPU-hours at 40% MFU of 989 TFLOP/s per GPU", out)
     assert "#SBATCH --signal=SIGUSR1@300" in out and "#SBATCH --array=0-29%30" in out
+    assert "memory: peak/GPU of one training step vs 80.00 GB (H100: 80 GB)" in out
+    assert len(re.findall(r"-lr\S+\s+1\.28B.*\s[\d.]+ GB (ok|OVER)  ", out)) == 30
 
 
+@pytest.mark.slow  # the dry run's peak/GPU column measures 8 LMs (4 depths x 2 schemes) on fake tensors
 def test_a_budget_on_the_command_line_overrides_the_spec(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     sweep.main(["sweep", "configs/sweeps/paper-depth.yaml", "--dry-run", "--budget", "steps=1000", "--commands"])
