@@ -16,7 +16,7 @@ They leave out the CUDA context and cuBLAS / NCCL workspaces (about 0.5 to 1 GB 
 allocator's fragmentation, and the data loader. DDP's gradient buckets (``gradient_as_bucket_view`` is off
 in Lightning's default: one more copy of the gradients) are added by count, since the fake step runs
 without the DDP wrapper. Autocast runs as CPU autocast to bfloat16, whose op lists match CUDA's for the
-matmuls and attention that hold the activations.
+matmuls and attention that hold most activations (CPU's runs an RMSNorm on a bf16 input in bf16).
 
 An MoE's expert capacity (the busiest expert's load) is read from data, which fake tensors do not have: the
 estimate answers that read with the balanced load ``tokens x top_k / experts`` and says so. Expert
@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -416,7 +417,9 @@ def measure(workload: Workload, setup: MemorySetup, activation_checkpointing: bo
                 )
             autocast = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
             grads = 0
-            with tracker, answer:
+            quiet = warnings.catch_warnings()  # CPU autocast's rms_norm on bf16 input warns once per shape
+            with tracker, answer, quiet:
+                warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
                 for _ in range(2):  # Lightning's order: the last step's gradients are alive in forward
                     with autocast:
                         loss = workload.loss(net, batch)
