@@ -102,7 +102,9 @@ class RunCheckpoint:
         try:
             net.load_state_dict(self.weights())
         except RuntimeError as err:
-            first = str(err).strip().splitlines()[0]
+            # torch's first line is only "Error(s) in loading state_dict for X:"; the next one names a tensor
+            lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+            first = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
             raise CheckpointError(f"checkpoint {self.path} does not fit its own hyperparameters: {first}") from None
         return net.float().eval()
 
