@@ -188,7 +188,7 @@ def test_gpu_memory_units():
         parse_memory("0GB")
 
 
-def test_a_real_process_group_is_left_alone():
+def test_a_process_group_already_there_is_left_alone():
     with fake_process_group(2), pytest.raises(RuntimeError, match="already initialized"), fake_process_group(2):
         pass
 
