@@ -139,7 +139,8 @@ def test_full_disk_mid_fit_is_one_line_naming_the_newest_good_checkpoint(small_d
     err = capsys.readouterr().err
     assert done.is_set() and exit_info.value.code == 2 and "Traceback" not in err, err[-2000:]
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
-    assert f"disk full while writing to {run}; the newest good checkpoint is {run / 'checkpoints'}" in line, line
+    assert line.startswith(f"error: disk full while writing to {run} (") and " free on its file system); " in line, line
+    assert f"; the newest good checkpoint is {run / 'checkpoints'}" in line, line
     newest = Path(line.split("the newest good checkpoint is ")[1].split(" (it loads")[0])
     assert load_checkpoint(newest)["global_step"] >= 2  # it loads: a resume point survived the full disk
     assert not list((run / "checkpoints").glob(".*.tmp"))  # no half-written temp file left behind
