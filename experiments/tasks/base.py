@@ -53,10 +53,10 @@ class TaskModule(L.LightningModule):
         Raises:
             ValueError: a network or trunk the mesh cannot shard (one line saying why and what is valid).
         """
-        mesh = self._device_mesh
-        if mesh is None or is_parallelized(self.net):
+        mesh, net = self._device_mesh, getattr(self, "net", None)
+        if mesh is None or (net is not None and is_parallelized(net)):
             return
-        if getattr(self.net, "trunk", None) is None:
+        if getattr(net, "trunk", None) is None:  # the VAE
             raise ValueError(f"{type(self).__name__} has no trunk to shard; valid strategies for it: auto, ddp")
         parallelize(self.net, mesh, self.parallel_cfg, self.sequence_length)
         ema = getattr(self, "ema", None)
