@@ -215,12 +215,17 @@ def setup_from_config(config: dict) -> MemorySetup:
     param_dtype = str(parallel.param_torch_dtype(device_type)).removeprefix("torch.")
     checkpointing = bool((model.get("trunk") or {}).get("activation_checkpointing", False))
     strategy = trainer.get("strategy", "auto")
-    name, init = (
-        (strategy, {})
-        if isinstance(strategy, str)
-        else (str((strategy or {}).get("class_path", "")).rsplit(".", 1)[-1], (strategy or {}).get("init_args") or {})
-    )
+    if isinstance(strategy, dict):
+        name, init = str(strategy.get("class_path", "")), strategy.get("init_args") or {}
+    else:
+        name, init = str(strategy), {}
+    name = name.rsplit(".", 1)[-1]  # a class path or Lightning's short name
     common = {"world_size": world, "precision": precision, "checkpointing": checkpointing}
+    if getattr(parallel, "expert_parallel", False):
+        common["notes"] = (
+            "model.init_args.parallel.expert_parallel not estimated (its all-to-all splits are data): the experts "
+            "are FSDP2-sharded instead, the same expert bytes per rank",
+        )
     if name == MODEL_PARALLEL:
         nodes = _int_setting(trainer.get("num_nodes", 1) or 1, "trainer.num_nodes")
         dp = _mesh_size(init.get("data_parallel_size"), "data_parallel_size", nodes)
@@ -238,7 +243,8 @@ def setup_from_config(config: dict) -> MemorySetup:
         policy = bool(init.get("activation_checkpointing_policy") or init.get("activation_checkpointing"))
         note = f"{FSDP1} (FSDP1) estimated as FSDP2 full sharding over all {world} devices"
         common["checkpointing"] = checkpointing or policy
-        return MemorySetup("fsdp2", data_parallel=world, param_dtype=param_dtype, notes=(note,), **common)
+        common["notes"] = (note, *common.get("notes", ()))
+        return MemorySetup("fsdp2", data_parallel=world, param_dtype=param_dtype, **common)
     if name in ("ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "DDPStrategy") or (name == "auto" and world > 1):
         return MemorySetup("ddp", **common)
     if name in ("auto", "single_device", "SingleDeviceStrategy"):

@@ -128,6 +128,10 @@ def test_the_config_says_the_strategy_mesh_and_precision():
     )  # fmt: skip
     assert (fsdp1.strategy, fsdp1.data_parallel, fsdp1.checkpointing) == ("fsdp2", 8, True)
     assert "FSDP1" in fsdp1.notes[0]
+    ep = setup_from_config(
+        resolve_config([*tiny, f"--trainer.strategy={mp}", "--model.init_args.parallel.expert_parallel=true"])
+    )
+    assert "expert_parallel not estimated" in ep.notes[0]
 
 
 def test_the_per_device_batch_follows_the_global_batch_over_the_data_parallel_ranks():
