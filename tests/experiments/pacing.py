@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -38,3 +39,15 @@ class HoldForSignal(L.Callback):
         deadline = time.monotonic() + self.timeout_s
         while not trainer.received_sigterm and time.monotonic() < deadline:
             time.sleep(0.01)  # the handler runs between these sleeps and sets the flag
+
+
+class SignalAtStep(L.Callback):
+    """Sends SIGTERM to this process when step ``at_step`` ends: every rank of a multi-process run gets its own
+    signal at the same step, as a cluster's preemption signals every task of a job."""
+
+    def __init__(self, at_step: int = 1) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.at_step:
+            os.kill(os.getpid(), signal.SIGTERM)

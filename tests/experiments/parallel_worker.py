@@ -4,6 +4,7 @@ Runs a list of jobs one after another in the same process group, so the processe
 start-up once for many runs:
 
     {"kind": "fit", "argv": [...]}                   python -m experiments ARGV through the real CLI and Trainer
+     (+ "expect": status: the exit status it must end with, e.g. 143 for a run stopped by SIGTERM)
     {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh
      (+ "experts": E: an MoE trunk, experts split over the d ranks);
                                                       writes the largest relative gradient difference to the
@@ -79,7 +80,13 @@ def run(jobs: list[dict], out: Path) -> None:
         if job["kind"] == "grads":
             results.append(grad_difference(job["scheme"], job["dp"], job["tp"], job.get("experts", 0)))
         else:
-            main(job["argv"])
+            try:
+                main(job["argv"])
+                status = 0
+            except SystemExit as stop:  # a run stopped by a signal exits 143 (the job says it expects that)
+                status = stop.code or 0
+            if status != job.get("expect", 0):
+                raise SystemExit(f"{job['argv']} exited with {status}, not {job.get('expect', 0)}")
             results.append(None)
         dist.barrier()
     (out / f"rank{rank}.json").write_text(json.dumps(results))

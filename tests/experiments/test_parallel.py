@@ -5,7 +5,8 @@ Three launches of tests/experiments/parallel_worker.py share the cost of startin
 
     world 1   part run C (ModelParallelStrategy on one process, 4 steps); the DiT on one process
     world 2   gradient checks: 4 schemes x FSDP2 / TP, and the MoE with its experts split over the ranks;
-              fits: FSDP2 and TP for pre, TP for siamese; TP part -> resume (against the uninterrupted TP run);
+              fits: FSDP2 and TP for pre, TP for siamese; TP killed by SIGTERM -> resumed (against the
+              uninterrupted TP run);
               C resumed on 2 (1 -> 2); part run A (FSDP2); ViT and DiT under FSDP2 beside DDP, DiT under TP;
               the MoE with and without expert parallelism
     world 1   A resumed on one process (2 -> 1)
@@ -30,6 +31,7 @@ import torch
 from experiments.__main__ import main
 from experiments.parallel.packed import PackedLinear, unpack_state_dict
 from experiments.parallel.tensor import check_tensor_parallel
+from experiments.reliability.errors import SIGTERM_EXIT
 from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
 from experiments.reliability.sharded import CACHE
 from models import TrunkConfig
@@ -46,6 +48,7 @@ SCHEMES = ("pre", "siamese", "siamese_hybrid", "mhc")
 MESHES = ((2, 1), (1, 2))  # (data_parallel, tensor_parallel)
 
 
+KILL = ("--trainer.callbacks+=tests.experiments.pacing.SignalAtStep", "--trainer.callbacks.at_step=3")
 # Resumed on another world size: the same global batch, so another per-device batch (a change the run records)
 ELSEWHERE = ("--ckpt_path=last", "--resume_with_changes")
 
@@ -147,7 +150,7 @@ def ran(tmp_path_factory, corpus) -> dict:
         fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
         fit(lm(r["tp"], corpus, 8, STEPS, "pre", *strategy(1, 2))),
         fit(lm(r["tp_siamese"], corpus, 8, PART, "siamese", *strategy(1, 2))),  # two streams, one placement
-        fit(lm(r["tp_part"], corpus, 8, PART, "pre", *strategy(1, 2))),
+        {**fit(lm(r["tp_part"], corpus, 8, STEPS, "pre", *strategy(1, 2), *KILL)), "expect": SIGTERM_EXIT},
         fit(lm(r["tp_part"], corpus, 8, STEPS, "pre", *strategy(1, 2), "--ckpt_path=last")),
         fit(lm(r["part_c"], corpus, 4, STEPS, "pre", *strategy(2, 1), *ELSEWHERE)),  # 1 -> 2 processes
         fit(lm(r["part_a"], corpus, 4, PART, "pre", *strategy(2, 1))),
@@ -208,7 +211,9 @@ def test_fsdp2_and_tensor_parallel_fits_follow_the_one_process_run(ran: dict):
     close(curve(ran["tp_siamese"]), curve(ran["one_siamese"])[:PART])
 
 
-def test_resume_on_the_same_mesh_continues_bit_for_bit(ran: dict):
+def test_killed_and_resumed_on_the_same_mesh_continues_bit_for_bit(ran: dict):
+    # SIGTERM at step 3 on both ranks: interrupted.ckpt/ (shards), exit 143; --ckpt_path last resumes from it
+    assert (last(ran["tp_part"]).parent / "interrupted.ckpt").is_dir()
     resumed, full = curve(ran["tp_part"]), curve(ran["tp"])
     assert len(resumed) == STEPS and resumed == full  # the sharded checkpoint: weights, AdamW moments, data, RNG
 
