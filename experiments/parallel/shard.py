@@ -32,6 +32,7 @@ from models.trunk import Trunk
 DP, TP = "data_parallel", "tensor_parallel"  # Lightning's ModelParallelStrategy names its mesh dimensions so
 SP_PARAMS = "_sequence_parallel_params"  # attribute on the net: names of the parameters synced over TP
 EP_RANKS = "_expert_parallel_ranks"  # attribute on the net: ranks its experts are split over (0: none)
+REPLICATED = "_replicated_params"  # attribute on the net: parameters FSDP2 leaves whole (0-dim ones)
 
 
 def is_parallelized(net: nn.Module) -> bool:
@@ -76,11 +77,17 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
     policy = MixedPrecisionPolicy(
         param_dtype=config.param_torch_dtype(device_type), reduce_dtype=DTYPES[config.reduce_dtype]
     )
+    # fully_shard cannot cut a 0-dim parameter (Hyper-Connections' gains): it stays whole on every rank, outside
+    # FSDP2, and sync_grads averages its gradient over data_parallel as FSDP2 does for the others
+    scalars = {p for p in net.parameters() if p.ndim == 0}
+    left_out = experts | scalars
     shard = {"mesh": dp_mesh, "mp_policy": policy, "reshard_after_forward": config.reshard_after_forward}
     for block in trunk.blocks:
-        fully_shard(block, ignored_params={p for p in block.parameters() if p in experts} or None, **shard)
-    fully_shard(net, ignored_params=experts or None, **shard)
+        fully_shard(block, ignored_params={p for p in block.parameters() if p in left_out} or None, **shard)
+    fully_shard(net, ignored_params=left_out or None, **shard)
+    names = {id(p): n for n, p in net.named_parameters()}
     setattr(net, SP_PARAMS, tuple(sp_names))
+    setattr(net, REPLICATED, tuple(names[id(p)] for p in scalars))
     setattr(net, EP_RANKS, dp_mesh.size() if experts else 0)
     return net
 
@@ -92,19 +99,27 @@ def sync_grads(net: nn.Module, mesh: DeviceMesh) -> None:
     summed gradients averaged over the expert-parallel ranks. A no-op for plain FSDP2."""
     if ranks := getattr(net, EP_RANKS, 0):
         scale_expert_grads(trunk_of(net), ranks)
-    names = getattr(net, SP_PARAMS, ())
-    if not names or mesh[TP].size() == 1:
+    if mesh[TP].size() > 1:
+        _all_reduce(_grads(net, getattr(net, SP_PARAMS, ())), mesh[TP].get_group())
+    if mesh[DP].size() > 1 and (whole := _grads(net, getattr(net, REPLICATED, ()))):
+        _all_reduce(whole, mesh[DP].get_group(), divide=mesh[DP].size())
+
+
+def _grads(net: nn.Module, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """The local gradient tensors of the named parameters (a DTensor's: this rank's FSDP shard)."""
+    grads = [net.get_parameter(name).grad for name in names]
+    return [g._local_tensor if isinstance(g, DTensor) else g for g in grads if g is not None]
+
+
+def _all_reduce(grads: list[torch.Tensor], group, divide: int = 1) -> None:
+    """Sums ``grads`` over ``group`` in one collective (then divides), in place."""
+    if not grads:
         return
-    group = mesh[TP].get_group()
-    grads = []
-    for name in names:
-        grad = net.get_parameter(name).grad
-        if grad is not None:
-            grads.append(grad._local_tensor if isinstance(grad, DTensor) else grad)  # this rank's FSDP shard
-    if grads:
-        flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for all of them
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    if divide > 1:
+        flat = flat / divide
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

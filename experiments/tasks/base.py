@@ -15,7 +15,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from experiments.monitoring.hparams import declare_hparams
 from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_grads
 from experiments.parallel.clip import clip_grad_norm
-from experiments.parallel.shard import TP
 from experiments.tasks.optim import OptimConfig, build_optimizer
 from models import TrunkConfig
 
@@ -66,10 +65,10 @@ class TaskModule(L.LightningModule):
     def configure_gradient_clipping(
         self, optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
     ) -> None:
-        # Tensor parallelism puts parameters on two meshes, which torch's clip_grad_norm_ cannot stack: the same
-        # norm, computed per mesh (experiments.parallel.clip). Every other case is Lightning's own clipping.
-        mesh = self._device_mesh
-        if mesh is None or mesh[TP].size() == 1 or not gradient_clip_val or gradient_clip_algorithm == "value":
+        # Under ModelParallelStrategy parameters live on several meshes (tensor parallelism) or beside them (what
+        # FSDP2 leaves whole), which torch's clip_grad_norm_ cannot stack: the same norm, computed per mesh
+        # (experiments.parallel.clip). Every other strategy gets Lightning's own clipping.
+        if self._device_mesh is None or not gradient_clip_val or gradient_clip_algorithm == "value":
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         clip_grad_norm(self.net.parameters(), gradient_clip_val)
 

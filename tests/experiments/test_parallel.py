@@ -4,14 +4,15 @@ parallelism and sharded checkpoints, each held to one process running the same g
 Three launches of tests/experiments/parallel_worker.py share the cost of starting processes over every check:
 
     world 1   part run C (ModelParallelStrategy on one process, 4 steps); the DiT on one process
-    world 2   gradient checks: 4 schemes x FSDP2 / TP, and the MoE with its experts split over the ranks;
+    world 2   gradient checks: 5 schemes x FSDP2 / TP, and the MoE with its experts split over the ranks;
               fits: FSDP2 and TP for pre, TP for siamese; TP killed by SIGTERM -> resumed (against the
               uninterrupted TP run);
               C resumed on 2 (1 -> 2); part run A (FSDP2); ViT and DiT under FSDP2 beside DDP, DiT under TP;
               the MoE with and without expert parallelism
     world 1   A resumed on one process (2 -> 1)
 
-Tolerances: gradients of one step within 1e-5 relative (measured ~6e-7: the sums are split differently); losses
+Tolerances: gradients of one step within 1e-5 of each parameter's largest (floored at 1e-3 of the largest of
+all; measured <= 7e-6: the sums are split differently); losses
 of a few AdamW steps within 1e-5 relative (as the DDP test); the same mesh resumed: bit for bit.
 """
 
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "experiments" / "parallel_worker.py"
 STEPS, PART = 8, 4
 RTOL = 1e-5
-SCHEMES = ("pre", "siamese", "siamese_hybrid", "mhc")
+SCHEMES = ("pre", "siamese", "siamese_hybrid", "mhc", "hyper")
 MESHES = ((2, 1), (1, 2))  # (data_parallel, tensor_parallel)
 
 
