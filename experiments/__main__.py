@@ -35,7 +35,7 @@ LIGHTNING_COMMANDS = {
 TOOLS = {
     "sweep": Tool("experiments.sweeps.sweep:main", "run a grid of schemes x lrs x warmups x seeds and compare it"),
     "compare": Tool("experiments.results.compare:main", "rebuild a sweep directory's comparison table and plots"),
-    "readme": Tool("experiments.results.readme:main", "regenerate README's results blocks from exported comparisons"),
+    "readme": Tool("experiments.results.readme:main", "regenerate the results blocks of README and docs/"),
     "prune": Tool("experiments.analysis.cli:prune_main", "layer-pruning sensitivity of a checkpoint"),
     "logit-lens": Tool("experiments.analysis.cli:logit_lens_main", "each residual stream read out alone (LM)"),
     "fid": Tool("experiments.evaluation.fid.cli:main", "FID between two image sets or statistics files"),
