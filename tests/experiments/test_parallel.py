@@ -253,6 +253,8 @@ def test_every_reader_takes_a_sharded_checkpoint(ran: dict, corpus, tmp_path: Pa
     assert "test/loss" in json.loads((run_dir / "summary.json").read_text())["test"]
     main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "export"), "--no-check"])
     assert (tmp_path / "export" / "config.json").is_file()
+    main(["evaluate", "--ckpt", str(ckpt), "--tasks", "copa", "--limit", "4", "--out", str(tmp_path / "scores.json")])
+    assert "downstream/copa/acc" in json.loads((tmp_path / "scores.json").read_text())["scores"]  # OLMo's tasks
     main(["prune", "--ckpt", str(ckpt), "--batches", "1", "--out", str(tmp_path / "prune"), "--device", "cpu"])
     main(["logit-lens", "--ckpt", str(ckpt), "--batches", "1", "--out", str(tmp_path / "lens"), "--device", "cpu"])
     assert any((tmp_path / "prune").iterdir()) and any((tmp_path / "lens").iterdir())
