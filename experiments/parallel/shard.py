@@ -21,11 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from experiments.parallel.config import DTYPES, ParallelConfig
 from experiments.parallel.expert import apply_expert_parallel, expert_modules, scale_expert_grads
-from experiments.parallel.packed import pack_trunk
+from experiments.parallel.packed import PackedLinear, pack_trunk
 from experiments.parallel.tensor import apply_tensor_parallel, check_tensor_parallel, sequence_parallel_params
 from models.trunk import Trunk
 
@@ -81,7 +81,13 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
     # FSDP2, and sync_grads averages its gradient over data_parallel as FSDP2 does for the others
     scalars = {p for p in net.parameters() if p.ndim == 0}
     left_out = experts | scalars
-    shard = {"mesh": dp_mesh, "mp_policy": policy, "reshard_after_forward": config.reshard_after_forward}
+    # A packed projection's weight is (parts, rows, in): cut on dim 0 (2 or 3 parts) every rank would hold a padded
+    # third or half of it; cut on its input axis, each holds 1 / data_parallel (rows may be tensor-parallel)
+    packed = {id(m.weight) for m in net.modules() if isinstance(m, PackedLinear)}
+    shard = {
+        "mesh": dp_mesh, "mp_policy": policy, "reshard_after_forward": config.reshard_after_forward,
+        "shard_placement_fn": lambda p: Shard(2) if id(p) in packed else None,
+    }  # fmt: skip
     for block in trunk.blocks:
         fully_shard(block, ignored_params={p for p in block.parameters() if p in left_out} or None, **shard)
     fully_shard(net, ignored_params=left_out or None, **shard)

@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mode.add_argument("--status", action="store_true", help="print every run's state and exit")
     mode.add_argument("--collect", action="store_true", help="rebuild the comparison from the finished runs")
     parser.add_argument("--commands", action="store_true", help="with --dry-run: also print each run's command")
+    parser.add_argument(
+        "--no-memory", action="store_true", help="with --dry-run: skip the peak/GPU column (minutes for paper sizes)"
+    )
     parser.add_argument("--parallel", type=int, default=None, help="runs at once (process launcher)")
     parser.add_argument("--restart", action="store_true", help="rerun unfinished runs from scratch")
     parser.add_argument("--wait", action="store_true", help="submitit: stay, print progress, compare at the end")
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int | None:
     args = parse_args(argv)
     specs = load(args)
     if args.dry_run:
-        print(dry_run(specs, args.commands))
+        print(dry_run(specs, args.commands, memory=not args.no_memory))
         return None
     if args.status or args.collect:
         for spec in specs:

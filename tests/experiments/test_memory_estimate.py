@@ -52,8 +52,12 @@ def packed_shapes() -> list[tuple[int, ...]]:
 
 
 def shard_elements(world: int) -> int:
-    """Elements of rank 0's FSDP2 shard of every parameter: ceil(dim0 / world) rows each."""
-    return sum(math.ceil(s[0] / world) * math.prod(s[1:]) for s in packed_shapes())
+    """Elements of rank 0's FSDP2 shard of every parameter: ceil(dim0 / world) rows each, but a packed projection
+    (parts, rows, in) is cut on its input axis (on its 2 or 3 parts, every rank would hold a padded half or third)."""
+    return sum(
+        s[0] * s[1] * math.ceil(s[2] / world) if len(s) == 3 else math.ceil(s[0] / world) * math.prod(s[1:])
+        for s in packed_shapes()
+    )
 
 
 def buffer_bytes() -> int:
@@ -64,7 +68,8 @@ def buffer_bytes() -> int:
 def test_fsdp2_fp32_on_two_ranks_holds_its_shard_of_params_grads_and_two_moments():
     shapes = packed_shapes()
     shard = shard_elements(2) * FP32
-    assert shard != sum(math.prod(s) for s in shapes) * FP32 // 2  # FSDP2 pads the 3-part qkv: not N x 4 / 2
+    parts_cut = sum(math.ceil(s[0] / 2) * math.prod(s[1:]) for s in shapes) * FP32
+    assert shard != parts_cut  # cutting qkv's 3 parts over 2 ranks would give rank 0 two of them
     setup = MemorySetup("fsdp2", world_size=2, data_parallel=2)
     est = measure(workload_for("lm", NETWORK, 4), setup, activation_checkpointing=False)
     steps = len(shapes) * FP32  # AdamW's step count: one float32 scalar per parameter
