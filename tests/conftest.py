@@ -13,6 +13,7 @@
 """
 
 import os
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -52,6 +53,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     # Stable: slow tests first, each group of tests still in file order.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left_behind(request):
+    """A test that leaves torch's default process group initialized would break the next one in this worker that
+    starts its own (the memory estimate's fake group, forked DDP ranks): destroyed here, and named."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        warnings.warn(f"{request.node.nodeid} left a default process group initialized (destroyed)", stacklevel=1)
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from experiments.__main__ import main
 from experiments.parallel.packed import PackedLinear, unpack_state_dict
@@ -129,10 +131,25 @@ def last(runs: Path) -> Path:
     return ckpt
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ran(tmp_path_factory, corpus) -> dict:
-    """Every multi-process run of this file, and the one-process runs they are held to."""
-    root = tmp_path_factory.mktemp("parallel")
+    """Every multi-process run of this file, and the one-process runs they are held to: made once per session even
+    when xdist hands this file's tests to two workers (the first builds under a lock, the other reads its record).
+    Tests that write copy what they change (the runs are shared)."""
+    shared = tmp_path_factory.getbasetemp().parent  # the same for every xdist worker of this session
+    with FileLock(str(shared / "parallel.lock")):
+        record = shared / "parallel.json"
+        if record.is_file():
+            saved = json.loads(record.read_text())
+            grads = {tuple(k): v for k, v in saved.pop("grads")}
+            return {**{name: Path(path) for name, path in saved.items()}, "grads": grads}
+        r = _run_everything(shared / "parallel", corpus)
+        paths = {name: str(path) for name, path in r.items() if name != "grads"}
+        record.write_text(json.dumps({**paths, "grads": [[list(k), v] for k, v in r["grads"].items()]}))
+        return r
+
+
+def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     r = {name: root / name for name in (
         "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
         "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp", "moe_fsdp", "moe_ep",
@@ -235,7 +252,8 @@ def test_image_tasks_under_fsdp2(ran: dict):
 
 
 def test_every_reader_takes_a_sharded_checkpoint(ran: dict, corpus, tmp_path: Path, capsys):
-    ckpt = last(ran["tp"])
+    shutil.copytree(ran["tp"], tmp_path / "tp")  # `test` writes into its run: a copy of the shared one
+    ckpt = last(tmp_path / "tp")
     assert ckpt.is_dir() and checkpoint_problem(ckpt) is None
     state = load_checkpoint(ckpt)["state_dict"]  # consolidated once, in the single-process layout
     assert state["net.trunk.blocks.0.attn.qkv.weight"].shape == (96, 32)
@@ -260,8 +278,9 @@ def test_every_reader_takes_a_sharded_checkpoint(ran: dict, corpus, tmp_path: Pa
     assert any((tmp_path / "prune").iterdir()) and any((tmp_path / "lens").iterdir())
 
 
-def test_a_stale_cache_is_made_again(ran: dict):
-    ckpt = last(ran["part_a"])  # saved again after the first read? make sure the cache follows the shards
+def test_a_stale_cache_is_made_again(ran: dict, tmp_path: Path):
+    shutil.copytree(ran["part_a"], tmp_path / "part_a")  # changed below: a copy of the shared run
+    ckpt = last(tmp_path / "part_a")
     first = load_checkpoint(ckpt)["global_step"]
     meta = ckpt / "meta.pt"
     payload = torch.load(meta, weights_only=True)
@@ -276,8 +295,6 @@ class Marker:
 
 
 def test_a_hostile_or_incomplete_sharded_checkpoint_is_one_line(ran: dict, tmp_path: Path, monkeypatch):
-    import shutil
-
     hostile = tmp_path / "hostile.ckpt"
     shutil.copytree(last(ran["part_c"]), hostile, ignore=shutil.ignore_patterns(CACHE, "*.json"))
     monkeypatch.setenv("PARALLEL_MARKER", str(tmp_path))
