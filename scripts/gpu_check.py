@@ -177,6 +177,7 @@ def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Targ
                    "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
                    "--data.init_args.batch_size=8", "--data.init_args.eval_samples=16"]  # fmt: skip
     fsdp2 = ["-c", str(ROOT / "configs/trainer/fsdp2.yaml"), "--trainer.strategy.data_parallel_size=1"]
+    env = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
     curves = {}
     for name, extra in (("plain", []), ("fsdp2", fsdp2)):
         runs = out / f"fsdp2-{name}"
@@ -186,8 +187,10 @@ def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Targ
         curves[name] = [loss for _, loss in summary["train_curve"]]
     import torch.distributed as dist
 
-    if dist.is_initialized():  # ModelParallelStrategy on one device leaves its one-rank group behind
+    if dist.is_initialized():  # ModelParallelStrategy on one device leaves its one-rank group (and variables)
         dist.destroy_process_group()
+    for name, value in env.items():
+        os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
     sharded = next((out / "fsdp2-fsdp2").glob("lm/*/run/checkpoints/last.ckpt"))
     worst = max(abs(f - p) / p for p, f in zip(curves["plain"], curves["fsdp2"], strict=True))
     lines = [

@@ -55,16 +55,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
+
+
 @pytest.fixture(autouse=True)
 def no_process_group_left_behind(request):
-    """A test that leaves torch's default process group initialized would break the next one in this worker that
-    starts its own (the memory estimate's fake group, forked DDP ranks): destroyed here, and named."""
+    """A test that leaves torch's default process group initialized, or the rendezvous variables Lightning sets
+    for it (a process started later with LOCAL_RANK set waits for ranks nobody launches), would break the tests
+    after it in this worker: the group is destroyed and the variables put back, and the test named."""
+    before = {name: os.environ.get(name) for name in DIST_ENV}
     yield
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    leaked = dist.is_available() and dist.is_initialized()
+    if leaked:
         dist.destroy_process_group()
-        warnings.warn(f"{request.node.nodeid} left a default process group initialized (destroyed)", stacklevel=1)
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            leaked = True
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+    if leaked:
+        warnings.warn(f"{request.node.nodeid} left a process group or its variables behind (undone)", stacklevel=1)
 
 
 @pytest.fixture(autouse=True)
