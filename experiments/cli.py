@@ -12,8 +12,8 @@ What a run may touch:
     validate / test / predict the run directory of the checkpoint they evaluate (``.../<run>/checkpoints/x.ckpt``),
                               else that of the run whose saved config is given (``-c RUN/config.yaml``),
                               wherever the run now lies, unless the user names a run (``--experiment``,
-                              ``--run_name``); the names a saved config records never send output elsewhere; ``predict`` files are never
-                              replaced without ``--overwrite``
+                              ``--run_name``); the names a saved config records never send output elsewhere;
+                              ``predict`` files are never replaced without ``--overwrite``
     every subcommand          one at a time per run directory (:mod:`experiments.reliability.run_lock`)
 
 Every run also gets (:mod:`experiments.reliability.checkpointing`): atomic checkpoint writes, checkpoints
@@ -413,7 +413,10 @@ RESUME_COMPARED = ("model", "data", "seed_everything")
 
 def _changed_settings(saved: dict, now: dict) -> list[str]:
     """``["model.init_args.optim.lr: 0.001 -> 0.002", ...]``: the model / data / seed settings that differ."""
-    old, new = dict(_flat({k: saved.get(k) for k in RESUME_COMPARED})), dict(_flat({k: now.get(k) for k in RESUME_COMPARED}))
+    old, new = (
+        dict(_flat({k: saved.get(k) for k in RESUME_COMPARED})),
+        dict(_flat({k: now.get(k) for k in RESUME_COMPARED})),
+    )
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
             if old.get(key) != new.get(key)]  # fmt: skip
 
@@ -442,7 +445,8 @@ def _missing_sections(text: str, argv: list[str]) -> str | None:
     missing = [name.split(".")[-1] for name in re.split(r",\s*", match[1].strip())]
     paths = config_paths(argv)
     if not paths:
-        return f"no {' and no '.join(missing)} given; valid: -c CONFIG with model: and data: sections (configs/lm/tiny.yaml)"
+        example = "configs/lm/tiny.yaml"
+        return f"no {' and no '.join(missing)} given; valid: -c CONFIG with model: and data: sections ({example})"
     last = paths[-1]
     try:
         lines = Path(last).read_text(encoding="utf-8").splitlines()

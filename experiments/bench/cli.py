@@ -32,7 +32,9 @@ def parse_schemes(text: str) -> list[str]:
     names = [s.value for s in NormScheme] if text == "all" else [s.strip() for s in text.split(",") if s.strip()]
     valid = {s.value for s in NormScheme}
     if not names:
-        raise UsageExit(f"--schemes {text!r} names no scheme; valid: all, or a comma list of {', '.join(sorted(valid))}")
+        raise UsageExit(
+            f"--schemes {text!r} names no scheme; valid: all, or a comma list of {', '.join(sorted(valid))}"
+        )
     for s in names:
         base, at, recompute = s.partition("@")
         scheme, colon, layer = base.partition(":")

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from fileio.checks import read_json
-
 from models.config import TrunkConfig
 
 Source = nn.Module | Mapping[str, Tensor]

@@ -18,8 +18,8 @@ from typing import Any
 from torch import Tensor
 
 from models.config import TrunkConfig
-from models.loaders.common import MAX_CONFIG_BYTES, read_json_file, read_safetensors
 from models.lm import LanguageModel
+from models.loaders.common import MAX_CONFIG_BYTES, read_json_file, read_safetensors
 
 MODEL_TYPE = "suite_lm"
 PREFIX = "model."
@@ -47,7 +47,9 @@ def read_suite_export(directory: str | Path) -> tuple[dict[str, Any], dict[str, 
     directory = Path(directory)
     config_path = directory / "config.json"
     if not directory.is_dir():
-        raise ValueError(f"{str(directory)!r} is not a directory; valid: a folder written by python -m experiments export")
+        raise ValueError(
+            f"{str(directory)!r} is not a directory; valid: a folder written by python -m experiments export"
+        )
     config = read_json_file(config_path, "the export's config.json", MAX_CONFIG_BYTES)
     found = config.get("model_type")
     if found != MODEL_TYPE or not isinstance(config.get("trunk"), dict):
@@ -127,10 +129,15 @@ def lm_from_export(directory: str | Path, max_seq_len: int | None = None) -> Lan
     config, state = read_suite_export(directory)
     try:
         trunk = TrunkConfig(**config["trunk"])
-        sizes = int(config["vocab_size"]), max_seq_len or int(config["max_seq_len"]), float(config.get("rope_base", 1e4))
+        sizes = (
+            int(config["vocab_size"]),
+            max_seq_len or int(config["max_seq_len"]),
+            float(config.get("rope_base", 1e4)),
+        )
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(
-            f"{str(Path(directory) / 'config.json')!r} does not describe a suite LM ({str(err).splitlines()[0][:160]}); "
+            f"{str(Path(directory) / 'config.json')!r} does not describe a suite LM "
+            f"({str(err).splitlines()[0][:160]}); "
             "valid: the config.json export wrote"
         ) from None
     if not 1 <= sizes[1] <= MAX_WINDOW:

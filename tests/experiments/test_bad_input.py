@@ -486,7 +486,16 @@ def test_two_save_real_stats_into_one_file_the_first_wins_whole(world, monkeypat
         return result
 
     monkeypatch.setattr(generation, "score_against", the_other_finishes_first)
-    args = ["fid", str(world["a"]), str(world["b"]), "--feature", "64", "--no-progress", "--save-real-stats", str(stats)]
+    args = [
+        "fid",
+        str(world["a"]),
+        str(world["b"]),
+        "--feature",
+        "64",
+        "--no-progress",
+        "--save-real-stats",
+        str(stats),
+    ]
     line = error_line(args, capsys)
     assert f"{stats} was written by another process while this one worked; it is left as it is" in line
     assert stats.read_bytes() == b"the other process's whole file"

@@ -80,7 +80,9 @@ def evil_module(tmp_path, monkeypatch) -> Path:
     """``evilmod`` importable from sys.path: importing it (or building any of its classes) touches the marker."""
     marker = tmp_path / "ran"
     (tmp_path / "mods").mkdir()
-    (tmp_path / "mods" / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\nStrategy = Plugin = Optimizer = object\n")
+    (tmp_path / "mods" / "evilmod.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nStrategy = Plugin = Optimizer = object\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "mods"))
     return marker
 
@@ -113,8 +115,10 @@ def test_a_runs_own_config_read_back_by_test_is_checked_too(tmp_path, corpus, ev
     run = tmp_path / "runs" / "lm" / "tiny" / "pre"
     run.mkdir(parents=True)
     (run / ".suite-run").write_text('{"made_by": "fit"}')
-    saved = (ROOT / "configs/lm/tiny.yaml").read_text().replace(
-        "class_path: lightning.pytorch.callbacks.ModelCheckpoint", "class_path: evilmod.Plugin"
+    saved = (
+        (ROOT / "configs/lm/tiny.yaml")
+        .read_text()
+        .replace("class_path: lightning.pytorch.callbacks.ModelCheckpoint", "class_path: evilmod.Plugin")
     )
     assert "evilmod.Plugin" in saved
     (run / "config.yaml").write_text(saved)

@@ -33,7 +33,9 @@ def digest(root: Path) -> dict[str, str]:
 def export(tmp_path_factory) -> Path:
     """An LM run (pre, 32 wide, 2 blocks, bytes) exported without the reload check."""
     root = tmp_path_factory.mktemp("exported")
-    run = read_run_checkpoint(save_run(root, "pre", lm_module("pre", 0), "experiments.tasks.LanguageModeling", TEXT_DATA))
+    run = read_run_checkpoint(
+        save_run(root, "pre", lm_module("pre", 0), "experiments.tasks.LanguageModeling", TEXT_DATA)
+    )
     folder = root / "export"
     folder.mkdir()
     hf.export(run, folder, root / "scratch", ExportOptions(check=False))
@@ -62,7 +64,9 @@ def spoil(export: Path, target: Path, how: str) -> Path:
     elif how == "huge-config":
         config.write_text('{"model_type": "suite_lm", "pad": "' + "x" * (17 << 20) + '"}')
     elif how == "index-outside":
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../../secret.safetensors"}}))
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"a": "../../secret.safetensors"}})
+        )
     return folder
 
 

@@ -15,7 +15,8 @@ from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-         "--trainer.num_sanity_val_steps=0", "--trainer.limit_test_batches=1", "--trainer.limit_predict_batches=1"]  # fmt: skip
+         "--trainer.num_sanity_val_steps=0", "--trainer.limit_test_batches=1",
+         "--trainer.limit_predict_batches=1"]  # fmt: skip
 
 
 def digest(root: Path) -> dict[str, str]:

@@ -163,7 +163,9 @@ def digest(root: Path) -> dict[str, str]:
     import hashlib
 
     return {
-        str(p.relative_to(root)): (f"-> {p.readlink()}" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest())
+        str(p.relative_to(root)): (
+            f"-> {p.readlink()}" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+        )
         for p in sorted(root.rglob("*"))
         if p.is_file() or p.is_symlink()
     }

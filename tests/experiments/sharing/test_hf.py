@@ -113,7 +113,9 @@ def test_the_check_fails_on_a_difference(lm_exports, lm_reloaded):
     wrong_ids = reloaded.outputs["auto_text_ids"].clone()
     wrong_ids[0] = 0  # e.g. a character taken for the end-of-text token
     with pytest.raises(ReloadFailed, match="AutoTokenizer gives other ids"):
-        hf.compare(module.net, tokenizer, inputs, Reloaded({**reloaded.outputs, "auto_text_ids": wrong_ids}, reloaded.result))
+        hf.compare(
+            module.net, tokenizer, inputs, Reloaded({**reloaded.outputs, "auto_text_ids": wrong_ids}, reloaded.result)
+        )
     decoded = [*reloaded.result["decoded"][:-1], "?"]
     with pytest.raises(ReloadFailed, match="PreTrainedTokenizerFast decodes"):
         hf.compare(module.net, tokenizer, inputs, Reloaded(reloaded.outputs, {**reloaded.result, "decoded": decoded}))
@@ -219,7 +221,9 @@ def test_the_cards_tokenizer_route_loads_silently_without_remote_code(lm_exports
         "print(t(sys.argv[2])['input_ids'])"
     )
     card = (folder / "README.md").read_text()
-    assert "tokenizer = PreTrainedTokenizerFast.from_pretrained(" in card and "AutoTokenizer.from_pretrained(" not in card
+    assert (
+        "tokenizer = PreTrainedTokenizerFast.from_pretrained(" in card and "AutoTokenizer.from_pretrained(" not in card
+    )
     env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(folder.parent / "home")}
     done = subprocess.run(
         [sys.executable, "-I", "-c", code, str(folder), MIXED.replace("\x00", "")[:24]],

@@ -136,5 +136,7 @@ def test_the_plain_weights_file_route_loads_the_head_or_refuses(vit_exports):
     without = {k: v for k, v in args.items() if k != "num_classes"}
     with pytest.raises(ValueError, match=r"the weights' classifier has 10 classes .* pass num_classes=10"):
         timm.create_model("suite_vit_pre", pretrained=True, pretrained_cfg_overlay=file, **without)
-    new_head = timm.create_model("suite_vit_pre", pretrained=True, pretrained_cfg_overlay=file, **{**args, "num_classes": 3})
+    new_head = timm.create_model(
+        "suite_vit_pre", pretrained=True, pretrained_cfg_overlay=file, **{**args, "num_classes": 3}
+    )
     assert new_head.head.out_features == 3  # fine-tuning to 3 classes: asked for, so timm's fresh head
