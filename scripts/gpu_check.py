@@ -61,6 +61,10 @@ from experiments.bench import (  # noqa: E402
 from scripts.gpu_bench import paper_workloads, peak_tflops  # noqa: E402
 
 SECTIONS = ("lm", "loss", "fsdp", "fsdp2-fit", "images")
+# The tiny LM shrunk for --cpu-smoke runs of `experiments fit` (the loss and fsdp2-fit sections)
+TINY_LM_SMOKE = ["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=2",
+                 "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
+                 "--data.init_args.batch_size=8", "--data.init_args.eval_samples=16"]  # fmt: skip
 LM_SCHEMES = ("pre", "siamese@on", "siamese@off", "siamese_hybrid@on", "siamese_hybrid@off")
 LOSS_RTOL = 0.03  # bf16 vs fp32 training loss, averaged over windows of 20 steps
 
@@ -173,9 +177,7 @@ def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Targ
               "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
               "--model.init_args.optim.warmup_steps=10", "--run_name=run"]  # fmt: skip
     if smoke:
-        common += ["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=2",
-                   "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
-                   "--data.init_args.batch_size=8", "--data.init_args.eval_samples=16"]  # fmt: skip
+        common += TINY_LM_SMOKE
     fsdp2 = ["-c", str(ROOT / "configs/trainer/fsdp2.yaml"), "--trainer.strategy.data_parallel_size=1"]
     env = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
     curves = {}
@@ -211,9 +213,7 @@ def loss_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]
               "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
               "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"]  # fmt: skip
     if smoke:
-        common += ["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=2",
-                   "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
-                   "--data.init_args.batch_size=8", "--data.init_args.eval_samples=16"]  # fmt: skip
+        common += TINY_LM_SMOKE
     gpu = ["--trainer.accelerator=cpu" if smoke else "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed"]
     curves = {}
     for name, extra in (("cpu", ["--trainer.accelerator=cpu", "--trainer.precision=32-true"]), ("gpu", gpu)):
