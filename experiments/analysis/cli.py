@@ -16,7 +16,7 @@ from experiments.analysis.loading import load_module, run_dir_of, validation_bat
 from experiments.analysis.logit_lens import logit_lens_table
 from experiments.analysis.pruning import plot_pruning, pruning_table
 from experiments.reliability.devices import check_device
-from experiments.reliability.errors import OutputDirError, SuiteError
+from experiments.reliability.errors import ArgumentParser, OutputDirError, SuiteError
 from experiments.reliability.layout import refuse_existing
 
 OUTPUTS = {"prune": ("pruning.md", "pruning.csv", "pruning.png"), "logit-lens": ("logit_lens.md", "logit_lens.csv")}
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> None:
     tool = argv[0] if argv else ""
     if tool not in TOOLS:
         sys.exit(f"usage: python -m experiments {{{','.join(TOOLS)}}} --ckpt PATH ...")
-    parser = argparse.ArgumentParser(prog=f"python -m experiments {tool}", description=DESCRIPTIONS[tool])
+    parser = ArgumentParser(prog=f"python -m experiments {tool}", description=DESCRIPTIONS[tool])
     parser.add_argument("--ckpt", type=Path, required=True, help="a checkpoint of the suite (e.g. .../last.ckpt)")
     parser.add_argument("--config", action="append", default=[], help="config(s) instead of the run's config.yaml")
     parser.add_argument("--batches", type=int, default=8, help="validation batches evaluated")

@@ -19,12 +19,11 @@ at small scale rather than blowing up.
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from experiments.reliability.errors import SuiteError
+from experiments.reliability.errors import ArgumentParser, SuiteError
 from experiments.results import plots, tables
 from experiments.results.cells import PRIMARY, Cell, assign_protocols, cell_key, group, run_coordinates
 from experiments.results.export import check_target, export
@@ -195,7 +194,7 @@ def against(comparison: Comparison, scheme: str, export_dir: Path | None = None)
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m experiments compare SWEEP_DIR [--export DIR [--overwrite] | --baseline SCHEME]``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m experiments compare",
         description="Rebuild a sweep directory's comparison (tables, plots, TensorBoard layout) from its runs' "
         "summary.json files; --export copies the small files README's tables are generated from into DIR.",

@@ -24,13 +24,12 @@ prints ``comparison.md`` prints, so the pages and the printed tables cannot drif
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 from pathlib import Path
 
-from experiments.reliability.errors import SuiteError
+from experiments.reliability.errors import ArgumentParser, SuiteError
 from experiments.results import paper
 from experiments.results.compare import load_comparison
 from experiments.results.runs import SWEEP_RECORD
@@ -96,7 +95,7 @@ def default_pages() -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments readme", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m experiments readme", description=__doc__.split("\n\n")[0])
     parser.add_argument("pages", nargs="*", type=Path, help="default: README.md and docs/*.md")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is out of date")
     args = parser.parse_args(argv)

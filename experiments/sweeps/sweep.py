@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.reliability.errors import SuiteError
+from experiments.reliability.errors import ArgumentParser, SuiteError
 from experiments.results.compare import write_comparison
 from experiments.results.runs import SWEEP_RECORD
 from experiments.results.tb_layout import comparison_url
@@ -63,7 +63,7 @@ from fileio import atomic_write_text
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments sweep", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m experiments sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_file", help="sweep YAML, e.g. configs/sweeps/demo.yaml")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the jobs, their compute and exit")
@@ -83,12 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", action="append", metavar="KEY=VALUE", help="tokens=2e9 | steps=N | epochs=N")
     parser.add_argument("--compute", action="append", metavar="KEY=VALUE", help="mfu=0.35, peak_tflops=312, gpu=A100")
     args = argv[1:] if argv and argv[0] == "sweep" else argv
-    try:
-        return parser.parse_args(args)
-    except SystemExit as exit_:
-        if exit_.code not in (0, None):  # argparse printed the usage line already
-            raise SystemExit(2) from None
-        raise
+    return parser.parse_args(args)  # a bad option: one line (UsageExit), exit status 2
 
 
 def load(args: argparse.Namespace) -> list[SweepSpec]:

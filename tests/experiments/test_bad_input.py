@@ -531,3 +531,26 @@ def test_overwrite_refuses_a_run_directory_that_is_a_link(tmp_path: Path, corpus
     link = tmp_path / "runs" / "lm" / "tiny" / "pre"
     assert f"--overwrite: run directory {link} is a symbolic link (to {elsewhere}); it is left as it is" in line
     assert link.is_symlink() and tree_hashes(tmp_path / "runs", tmp_path / "big-disk") == before
+
+
+# Every tool of ``python -m experiments`` reads its options with the suite's parser: an unknown or missing option
+# is the same one ``error:`` line as a bad value, not argparse's usage block (which names no help to read).
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["sweep", "configs/sweeps/demo.yaml", "--nope"], "unrecognized arguments: --nope"),
+        (["compare"], "the following arguments are required: sweep_dir"),
+        (["readme", "--nope"], "unrecognized arguments: --nope"),
+        (["prune"], "the following arguments are required: --ckpt"),
+        (["logit-lens"], "the following arguments are required: --ckpt"),
+        (["evaluate"], "the following arguments are required: --ckpt"),
+        (["lm-eval"], "the following arguments are required: --ckpt"),
+        (["export"], "the following arguments are required"),
+        (["bench", "--nope"], "unrecognized arguments: --nope"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_every_tools_bad_option_is_one_line_naming_its_help(argv: list[str], needle: str, capsys):
+    line = error_line(argv, capsys)
+    assert needle in line and line.endswith(f"; see python -m experiments {argv[0]} --help"), line
+    assert "usage:" not in capsys.readouterr().err

