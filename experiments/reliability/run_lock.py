@@ -2,6 +2,7 @@
 
     runs/lm/tiny/pre/           the run directory
     runs/lm/tiny/.pre.lock      flock()ed by the command writing the run; holds JSON naming that command
+    runs/lm/tiny/.pre.sweep.lock    flock()ed by the sweep running the run (its fit and test processes)
 
 ``fit``, ``validate``, ``test`` and ``predict`` take the lock before they write anything (config files, events,
 checkpoints, ``summary.json``) and keep it until they return, so two commands never interleave their writes in
@@ -12,26 +13,24 @@ ends, however it ends (an exception, SIGKILL, an OOM kill), so a crashed ``fit``
 and ``--ckpt_path last`` resumes it right away. The file stays behind, empty of meaning until someone locks it
 again. It lives beside the run directory rather than in it, so ``fit --overwrite`` can move the old directory
 away while it holds the lock. Under DDP only global rank 0 takes it: the other ranks are the same run.
+
+A sweep claims each run before it looks at it (:func:`sweep_claim`) and keeps the claim while the run's fit
+and test processes come and go, so two sweeps on one spec never train a run twice: the second skips a run
+another sweep or command is using. Readers of results ask :func:`in_use` and list such a run as running
+instead of reading it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import json
-import os
-import socket
-import time
-import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from experiments.reliability.errors import OutputDirError
+from fileio.locks import holder, try_lock, unlock, write_holder
 
 _HELD: dict[str, IO[str]] = {}  # lock file -> its open handle, for as long as this process holds it
-# File systems that cannot lock (some NFS mounts) say so with these: the run goes on, unguarded, with a warning.
-_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def lock_path(run_dir: Path) -> Path:
@@ -39,13 +38,9 @@ def lock_path(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.lock"
 
 
-def _holder(handle: IO[str]) -> str:
-    """Who holds the lock, as its JSON says: ``fit (pid 123 on host, since 2026-01-01T10:00:00)``."""
-    with contextlib.suppress(OSError, ValueError, TypeError):  # unreadable, or not the JSON object we write
-        handle.seek(0)
-        info = {"command": "?", "pid": "?", "host": "?", "since": "?", **json.loads(handle.read() or "{}")}
-        return f"{info['command']} (pid {info['pid']} on {info['host']}, since {info['since']})"
-    return "another process"
+def claim_path(run_dir: Path) -> Path:
+    """``<parent>/.<run name>.sweep.lock``: the claim a sweep holds on ``run_dir`` while it runs it."""
+    return run_dir.parent / f".{run_dir.name}.sweep.lock"
 
 
 def acquire_run_lock(run_dir: Path) -> None:
@@ -66,24 +61,13 @@ def acquire_run_lock(run_dir: Path) -> None:
         raise OutputDirError(f"cannot create run directory {run_dir}: {blocker} is a file, not a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+")  # noqa: SIM115 - held until the command ends (release_run_locks)
+        handle = try_lock(path)  # a file system that cannot lock: a warning, and the run goes on unguarded
     except OSError as err:
         raise OutputDirError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(handle)
-        handle.close()
+    if handle is None:
         raise OutputDirError(
-            f"run directory {run_dir} is in use by {holder}; valid: wait for it to end or stop it, "
+            f"run directory {run_dir} is in use by {holder(path)}; valid: wait for it to end or stop it, "
             "or write elsewhere with --run_name NEW"
-        ) from None
-    except OSError as err:
-        if err.errno not in _NO_LOCKING:
-            handle.close()
-            raise
-        warnings.warn(
-            f"{path}: this file system cannot lock files; nothing stops two commands in {run_dir}", stacklevel=2
         )
     _HELD[key] = handle
 
@@ -91,18 +75,55 @@ def acquire_run_lock(run_dir: Path) -> None:
 def record_holder(run_dir: Path, command: str) -> None:
     """Writes who holds the lock of ``run_dir`` into it (what a refused second command names)."""
     handle = _HELD.get(str(lock_path(Path(run_dir)).absolute()))
-    if handle is None:
-        return
-    since = time.strftime("%Y-%m-%dT%H:%M:%S")
-    handle.seek(0)
-    handle.truncate()
-    handle.write(json.dumps({"command": command, "pid": os.getpid(), "host": socket.gethostname(), "since": since}))
-    handle.flush()
+    if handle is not None:
+        write_holder(handle, command)
 
 
 def release_run_locks() -> None:
     """Releases every run lock this process holds (closing the file drops the flock; the file stays)."""
     while _HELD:
         _, handle = _HELD.popitem()
-        with contextlib.suppress(OSError):
-            handle.close()
+        unlock(handle)
+
+
+def in_use(run_dir: Path, claims: bool = True) -> str | None:
+    """Who is using ``run_dir`` right now: a command holding its run lock or (``claims``) a sweep holding its
+    claim, named as its lock file says; None when nobody is. Only asks: nothing is held afterwards, and a lock
+    file is never created (a run without one is in use by nobody)."""
+    paths = [lock_path(Path(run_dir))] + ([claim_path(Path(run_dir))] if claims else [])
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            handle = try_lock(path)
+        except OSError:  # unreadable: it cannot be told, so it is not claimed to be in use
+            continue
+        if handle is None:
+            return holder(path)
+        unlock(handle)
+    return None
+
+
+@contextlib.contextmanager
+def sweep_claim(run_dir: Path, command: str) -> Iterator[str | None]:
+    """Claims ``run_dir`` for this sweep for the block: yields None when this process holds the claim (the
+    block runs the run), else who uses the run (the block skips it). A run is in use when another sweep holds
+    its claim or any command holds its run lock (a ``fit`` started by hand, or one whose sweep was killed).
+
+    The claim is an ``flock`` like the run lock (:mod:`fileio.locks`): a sweep that dies, however it dies,
+    drops it, so nothing stale ever blocks a run. It is separate from the run lock because the run's own
+    process (a child of the sweep) takes that one.
+    """
+    path = claim_path(Path(run_dir))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = try_lock(path)
+    if handle is None:
+        yield holder(path)
+        return
+    try:
+        other = in_use(run_dir, claims=False)
+        if other is None:
+            write_holder(handle, command)
+        yield other
+    finally:
+        unlock(handle)
