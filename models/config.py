@@ -73,6 +73,7 @@ BOUNDS: dict[str, Bound] = {
     "dim": Bound(1, integer=True),
     "depth": Bound(1, integer=True),
     "num_heads": Bound(1, integer=True),
+    "num_kv_heads": Bound(1, integer=True, optional=True),
     "mlp_hidden": Bound(1, integer=True, optional=True),
     "norm_eps": Bound(0, low_open=True),
     "mlp_norm_eps": Bound(0, low_open=True, optional=True),
@@ -100,6 +101,9 @@ class TrunkConfig:
         dim: model width D.
         depth: number of transformer blocks L.
         num_heads: attention heads; must divide ``dim``.
+        num_kv_heads: key/value heads of grouped-query attention (Llama 3, OLMo 2 32B): each serves
+            ``num_heads / num_kv_heads`` consecutive query heads; must divide ``num_heads``. None means
+            ``num_heads`` (multi-head attention: the parameters and the forward of a trunk without the field).
         mlp: "gelu" (ViT), "gelu_tanh" (DiT) or "swiglu" (LM).
         mlp_hidden: feed-forward hidden size; None means ``4 * dim``.
         norm_scheme: where the norms sit; one of :class:`models.schemes.NormScheme`.
@@ -193,6 +197,7 @@ class TrunkConfig:
     mhc_streams: int = 4
     mhc_variant: str = "paper"
     attn_res_block_size: int = 2
+    num_kv_heads: int | None = None  # last: the fields before it keep their positions
 
     def __post_init__(self) -> None:
         """Refuses any out-of-range field in one line naming it (``BOUNDS``), then the names and cross-checks."""
@@ -204,6 +209,13 @@ class TrunkConfig:
         get_norm_layer(self.norm_layer)
         if self.dim % self.num_heads:
             raise ValueError(f"trunk dim {self.dim} is not divisible by num_heads {self.num_heads}")
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            heads = self.num_heads
+            valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0) if heads <= 1024 else None
+            raise ValueError(
+                f"trunk num_kv_heads {self.num_kv_heads} does not divide num_heads {heads}; "
+                f"valid: {f'one of {valid}' if valid else 'a divisor of num_heads'}, or null (= num_heads)"
+            )
         if self.mlp not in MLP_KINDS:
             raise ValueError(f"unknown mlp {self.mlp!r}; valid: {', '.join(MLP_KINDS)}")
         if self.init not in INIT_KINDS:
@@ -225,6 +237,11 @@ class TrunkConfig:
     @property
     def hidden(self) -> int:
         return self.mlp_hidden or 4 * self.dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``num_kv_heads``, or ``num_heads`` when it is None."""
+        return self.num_kv_heads or self.num_heads
 
     @property
     def scheme_options(self) -> SchemeOptions:

@@ -75,6 +75,7 @@ class Block(nn.Module):
             cfg.attn_drop,
             cfg.qk_norm_scope,
             cfg.dyt_init("qk"),
+            cfg.num_kv_heads,
         )
         self.mlp_res: Scheme = scheme(site(2 * index + 1, "mlp"))
         self.mlp = build_ffn(cfg)
@@ -176,7 +177,7 @@ class Trunk(nn.Module):
         gain = self.scheme.branch_init_gain(cfg.depth)
         out_gain = gain / math.sqrt(2 * cfg.depth) if cfg.scaled_output_init else gain
         for block in self.blocks:
-            block.attn.qkv.weight[2 * cfg.dim :].mul_(gain)  # the value third of the fused QKV
+            block.attn.qkv.weight[cfg.dim + block.attn.kv_dim :].mul_(gain)  # the value rows of the fused QKV
             block.attn.proj.weight.mul_(out_gain)
             ffn = block.mlp
             if isinstance(ffn, MoE):

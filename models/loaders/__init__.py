@@ -30,6 +30,7 @@ cannot express, and is strict both ways: every source tensor is consumed, every 
     model.layers.i.self_attn.o_proj             ->  trunk.blocks.i.attn.proj
     model.layers.i.mlp.gate_proj|up_proj / down_proj -> trunk.blocks.i.mlp.fc1 (concatenated) / fc2
     model.norm                                  ->  trunk.readout.norm_f
+    (num_key_value_heads < num_attention_heads: grouped-query attention, our num_kv_heads; llama_from_lm: back)
 
 diffusers' DiT hard-codes eps 1e-6 for norm1 and norm_out but uses ``config.norm_eps`` (default 1e-5)
 for norm3, the MLP branch's norm: ours match them with ``norm_eps`` and ``mlp_norm_eps``.
@@ -43,12 +44,13 @@ Layout: ``common`` (strict renaming, loading and refusals), ``timm_vit``, ``diff
 """
 
 from models.loaders.diffusers_dit import dit_from_diffusers, load_diffusers_dit
-from models.loaders.hf_llama import lm_from_llama, load_hf_llama
+from models.loaders.hf_llama import llama_from_lm, lm_from_llama, load_hf_llama
 from models.loaders.suite_export import lm_from_export, load_suite_export
 from models.loaders.timm_vit import load_timm_vit, vit_from_timm
 
 __all__ = [
     "dit_from_diffusers",
+    "llama_from_lm",
     "lm_from_export",
     "lm_from_llama",
     "load_diffusers_dit",

@@ -1,9 +1,12 @@
-"""transformers ``LlamaForCausalLM`` -> our ``LanguageModel(pre)``; see :mod:`models.loaders`.
+"""transformers ``LlamaForCausalLM`` <-> our ``LanguageModel(pre)``; see :mod:`models.loaders`.
 
 A Llama decoder layer is our Pre-Norm block with RMSNorm, RoPE (rotate-half layout, the same inverse
 frequencies), SwiGLU and no biases or QK-norm, so the weights map one-to-one once Q, K, V and gate, up
-are concatenated into our fused projections. Refused: grouped-query attention, biases, rope scaling,
-another activation, tensor-parallel pretraining slices, a different head_dim.
+are concatenated into our fused projections. Grouped-query attention maps too: ``num_key_value_heads`` is our
+``num_kv_heads`` (k_proj and v_proj of ``num_key_value_heads * head_dim`` rows, query head h reading key/value
+head ``h // (num_attention_heads / num_key_value_heads)`` in both, transformers' ``repeat_kv``). Refused:
+biases, rope scaling, another activation, tensor-parallel pretraining slices, a different head_dim.
+:func:`llama_from_lm` goes the other way: a suite LM of that shape as a ``LlamaForCausalLM``.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ from torch import Tensor, nn
 
 from models.config import TrunkConfig
 from models.lm import LanguageModel
-from models.loaders.common import Source, _explain, _load_strict, _refuse, _split
+from models.loaders.common import Source, _explain, _load_strict, _refuse, _rename, _split
 
 _LLAMA_SUPPORTED = (
-    "transformers LlamaForCausalLM (or its state dict) with num_key_value_heads == num_attention_heads, "
+    "transformers LlamaForCausalLM (or its state dict) with num_key_value_heads dividing num_attention_heads, "
     "head_dim == hidden_size / num_attention_heads, hidden_act='silu', no attention or MLP bias, rope_type "
     "'default', pretraining_tp=1; into our LanguageModel under norm_scheme='pre', norm_layer='rmsnorm', "
     "mlp='swiglu', qk_norm=False, bias=False, dense, with Llama's eps, rope_theta, sizes and tying"
@@ -43,8 +46,10 @@ _LLAMA_FEATURES = (
 def _config_problems(config, model: LanguageModel | None = None) -> list[str]:
     """What in a ``LlamaConfig`` our network cannot express, and (with ``model``) what differs from it."""
     c, problems = config, []
-    if c.num_key_value_heads != c.num_attention_heads:
-        problems.append(f"grouped-query attention (num_key_value_heads={c.num_key_value_heads})")
+    if not c.num_key_value_heads or c.num_attention_heads % c.num_key_value_heads:
+        problems.append(
+            f"num_key_value_heads={c.num_key_value_heads} does not divide num_attention_heads={c.num_attention_heads}"
+        )
     if getattr(c, "head_dim", None) not in (None, c.hidden_size // c.num_attention_heads):
         problems.append(f"head_dim={c.head_dim} is not hidden_size / num_attention_heads")
     if c.hidden_act != "silu":
@@ -63,6 +68,7 @@ def _config_problems(config, model: LanguageModel | None = None) -> list[str]:
         "hidden_size": cfg.dim,
         "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
         "intermediate_size": cfg.hidden,
         "vocab_size": model.vocab_size,
         "rms_norm_eps": cfg.norm_eps,
@@ -144,6 +150,7 @@ def lm_from_llama(llama: nn.Module, **trunk_overrides) -> LanguageModel:
             "dim": c.hidden_size,
             "depth": c.num_hidden_layers,
             "num_heads": c.num_attention_heads,
+            "num_kv_heads": c.num_key_value_heads if c.num_key_value_heads != c.num_attention_heads else None,
             "mlp": "swiglu",
             "mlp_hidden": c.intermediate_size,
             "norm_scheme": "pre",
@@ -165,3 +172,83 @@ def lm_from_llama(llama: nn.Module, **trunk_overrides) -> LanguageModel:
         rope_base=(c.rope_parameters or {}).get("rope_theta", 10000.0),
     )
     return load_hf_llama(model, llama)
+
+
+_TO_LLAMA = (
+    (r"^embed\.weight$", "model.embed_tokens.weight"),
+    (r"^trunk\.blocks\.(\d+)\.attn_res\.norm\.weight$", r"model.layers.\1.input_layernorm.weight"),
+    (r"^trunk\.blocks\.(\d+)\.mlp_res\.norm\.weight$", r"model.layers.\1.post_attention_layernorm.weight"),
+    (r"^trunk\.blocks\.(\d+)\.attn\.proj\.weight$", r"model.layers.\1.self_attn.o_proj.weight"),
+    (r"^trunk\.blocks\.(\d+)\.mlp\.fc2\.weight$", r"model.layers.\1.mlp.down_proj.weight"),
+    (r"^trunk\.readout\.norm_f\.weight$", "model.norm.weight"),
+    (r"^head\.weight$", "lm_head.weight"),
+)
+
+
+def llama_config(model: LanguageModel):
+    """The ``LlamaConfig`` of our ``LanguageModel(pre)`` (``num_key_value_heads`` = our ``kv_heads``).
+
+    Raises:
+        ValueError: listing what in our trunk Llama cannot express.
+    """
+    from transformers import LlamaConfig
+
+    cfg = model.cfg
+    _refuse("our LanguageModel into a transformers LlamaForCausalLM", _trunk_problems(cfg), _LLAMA_SUPPORTED)
+    return LlamaConfig(
+        vocab_size=model.vocab_size,
+        hidden_size=cfg.dim,
+        intermediate_size=cfg.hidden,
+        num_hidden_layers=cfg.depth,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.dim // cfg.num_heads,
+        max_position_embeddings=model.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": model.rope_base},
+        tie_word_embeddings=model.head.weight is model.embed.weight,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        attention_dropout=cfg.attn_drop,
+        initializer_range=cfg.init_std,
+        use_cache=False,
+    )
+
+
+def llama_from_lm(model: LanguageModel, **config_overrides) -> nn.Module:
+    """Our ``LanguageModel(pre)`` (rmsnorm, swiglu, no QK-norm or biases) as a transformers ``LlamaForCausalLM``
+    with its weights: the fused projections split into q/k/v (``num_key_value_heads`` rows for k and v) and
+    gate/up. ``config_overrides`` set what only transformers decides (e.g. ``attn_implementation``).
+
+    Raises:
+        ValueError: listing what in our trunk Llama cannot express.
+    """
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(model)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
+    cfg = model.cfg
+    kv_dim = cfg.kv_heads * (cfg.dim // cfg.num_heads)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    mapped: dict[str, Tensor] = {}
+    for i in range(cfg.depth):
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        q, k, v = sd.pop(f"trunk.blocks.{i}.attn.qkv.weight").split([cfg.dim, kv_dim, kv_dim])
+        gate, up = sd.pop(f"trunk.blocks.{i}.mlp.fc1.weight").chunk(2)
+        mapped |= {f"{attn}.q_proj.weight": q, f"{attn}.k_proj.weight": k, f"{attn}.v_proj.weight": v,
+                   f"{mlp}.gate_proj.weight": gate, f"{mlp}.up_proj.weight": up}  # fmt: skip
+    mapped |= _rename(sd, _TO_LLAMA)
+    dtype = model.embed.weight.dtype
+    llama = LlamaForCausalLM(config).to(dtype)
+    theirs = llama.state_dict()
+    if config.tie_word_embeddings and "lm_head.weight" not in theirs:
+        mapped.pop("lm_head.weight", None)  # stored once, as the embedding
+    problems = [f"our tensors with no Llama counterpart: {', '.join(sorted(sd)[:6])}"] if sd else []
+    unfilled = sorted(set(theirs) - set(mapped))
+    if unfilled:
+        problems.append(f"Llama tensors we do not fill: {', '.join(unfilled[:6])}")
+    _refuse("our LanguageModel into a transformers LlamaForCausalLM", problems, _LLAMA_SUPPORTED)
+    llama.load_state_dict(mapped, strict=True)
+    return llama.eval()

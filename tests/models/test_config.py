@@ -20,6 +20,7 @@ CASES: dict[str, tuple[list, list]] = {
     "dim": ([0, -4, 2.5, "64", True], [4, 1024]),
     "depth": ([0, -1, 1.0, None], [1, 80]),
     "num_heads": ([0, -2, 2.0], [1, 4]),
+    "num_kv_heads": ([0, -1, 1.5, True, "2"], [None, 1, 2]),
     "mlp_hidden": ([0, -8, 16.5], [None, 1, 24]),
     "norm_eps": ([0, 0.0, -1e-6, math.nan, math.inf, "1e-5", None], [1e-12, 1e-5, 1]),
     "mlp_norm_eps": ([0.0, -1e-5, math.nan], [None, 1e-6]),

@@ -308,6 +308,9 @@ LLAMA_CONFIGS = {
         rope_parameters={"rope_type": "default", "rope_theta": 500.0},
         rms_norm_eps=1e-5,
     ),
+    "d48x2-h4-kv2": dict(  # grouped-query attention: our num_kv_heads
+        hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
 }
 LLAMA_VOCAB, LLAMA_SEQ = 61, 24
 
@@ -370,7 +373,7 @@ def test_lm_loads_a_llama_state_dict_into_a_built_model():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (dict(num_key_value_heads=1), "grouped-query attention"),
+        (dict(head_dim=8), "head_dim=8 is not hidden_size / num_attention_heads"),
         (dict(attention_bias=True), "biases"),
         (dict(hidden_act="gelu"), "hidden_act='gelu'"),
         (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}), "rope_type='linear'"),
