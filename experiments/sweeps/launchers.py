@@ -6,6 +6,11 @@ A crash or divergence in one run never takes the sweep down. Started again, the 
 scratch when it has none); ``--restart`` reruns those from an emptied directory (only a directory the suite
 made: :mod:`experiments.sweeps.ownership`).
 
+Two sweeps on one spec (or a sweep beside a ``fit`` into one of its runs) share the grid instead of racing for
+it: each run is claimed before the sweep looks at it, and a run in use elsewhere is skipped with a line naming
+the holder (``[2/6] post-lr0.01: in use by sweep stability (pid 123 ...), skipped``), left to that command,
+counted apart in the progress line, and not reported as crashed.
+
 Ctrl-C or SIGTERM stops the sweep within a training step: no new run starts, the running ones are stopped
 the way a single run is (they save ``interrupted.ckpt``), and the sweep exits 130 / 143 saying how to resume.
 The cluster launcher (``launcher: {kind: submitit}``) is :mod:`experiments.sweeps.cluster`.
@@ -23,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from experiments.monitoring.records import SUMMARY_FILE
+from experiments.reliability.run_lock import sweep_claim
 from experiments.sweeps.estimate import run_extra_args
 from experiments.sweeps.ownership import prepare_run_dir, read_json, remove_run_dir
 from experiments.sweeps.progress import GridProgress, Reporter
@@ -40,6 +46,7 @@ def say(line: str) -> None:
 
 
 DONE = ("finished", "diverged")
+IN_USE = "in use"  # run_one's status for a run another sweep (or command) was running: skipped, not crashed
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + signal number, as shells report them
 
 
@@ -113,7 +120,32 @@ def run_one(
     restart: bool = False,
     progress: GridProgress | None = None,
 ) -> str:
-    """Runs, resumes or skips one run; prints a line when it starts and when it ends; returns its status."""
+    """Runs, resumes or skips one run; prints a line when it starts and when it ends; returns its status.
+
+    The run is claimed first (:func:`~experiments.reliability.run_lock.sweep_claim`) and everything else is
+    decided under the claim: a run another sweep or command is using is skipped ("in use"), never trained
+    twice, and its directory and log are left alone.
+    """
+    name = run.name(spec)
+    with sweep_claim(sweep_dir / name, f"sweep {spec.name}") as other:
+        if other is not None:
+            say(f"{tag}: in use by {other}, skipped (that command finishes it)")
+            if progress is not None:
+                progress.hold(name)
+            return IN_USE
+        return _run_claimed(run, spec, sweep_dir, tag, children, restart, progress)
+
+
+def _run_claimed(
+    run: Run,
+    spec: SweepSpec,
+    sweep_dir: Path,
+    tag: str,
+    children: Children,
+    restart: bool,
+    progress: GridProgress | None,
+) -> str:
+    """:func:`run_one` once this sweep holds the run's claim."""
     name = run.name(spec)
     run_dir = sweep_dir / name
     summary = run_dir / SUMMARY_FILE
@@ -200,7 +232,8 @@ def run_locally(spec: SweepSpec, runs: list[Run], sweep_dir: Path, restart: bool
     """Runs the grid ``spec.parallel`` at a time with a progress line per run every ``progress_every_s``.
 
     Returns:
-        run name -> status ("finished", "diverged", "crashed", "interrupted", "skipped", "not started").
+        run name -> status ("finished", "diverged", "crashed", "interrupted", "skipped", "in use" (another sweep or
+        command was running it), "not started").
 
     Raises:
         SystemExit: 130 / 143 after Ctrl-C / SIGTERM, once the running runs have saved.

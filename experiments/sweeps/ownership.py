@@ -42,7 +42,9 @@ def claim_sweep_dir(sweep_dir: Path, name: str, source: str) -> None:
         raise SuiteError(f"sweep directory {sweep_dir} is a file or a link ({source}); valid: a directory path")
     marker = sweep_dir / SWEEP_MARKER
     if sweep_dir.is_dir() and not marker.exists():
-        made_by_suite = (sweep_dir / "sweep.yaml").is_file() or any(is_suite_run(p) for p in sweep_dir.iterdir())
+        made_by_suite = (sweep_dir / "sweep.yaml").is_file() or any(
+            is_suite_run(p) or p.name.startswith(SWEEP_MARKER) for p in sweep_dir.iterdir()
+        )  # another sweep on this spec may be writing the marker (its temp file) right now
         if any(sweep_dir.iterdir()) and not made_by_suite:
             raise SuiteError(
                 f"{sweep_dir} exists and was not made by a sweep ({source}); valid: another sweep name or runs_root"

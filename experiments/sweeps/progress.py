@@ -9,8 +9,9 @@ well in a log file as on a terminal::
     [3/6] siamese-lr0.01: testing, batch 4/8
     sweep stability: 1 done, 2 running, 3 waiting; eta 03:10 (grid)
 
-A sweep started again counts the runs it skipped apart (``1 done (+4 done before), ...``): they are neither
-waiting nor part of the grid's ETA.
+A sweep started again counts the runs it skipped apart (``1 done (+4 done before), ...``), and so are the runs
+another sweep or command is running (``1 running, 2 in use elsewhere, ...``): they are neither waiting nor part
+of the grid's ETA.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class GridProgress:
     durations: list[float] = field(default_factory=list)
     ended: set[str] = field(default_factory=set)
     skipped: set[str] = field(default_factory=set)  # done before this sweep started: neither run nor waiting
+    held: set[str] = field(default_factory=set)  # in use by another sweep or command: that one runs them
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def started(self, run: str) -> None:
@@ -121,6 +123,10 @@ class GridProgress:
     def skip(self, run: str) -> None:
         with self.lock:
             self.skipped.add(run)
+
+    def hold(self, run: str) -> None:
+        with self.lock:
+            self.held.add(run)
 
     def finished(self, run: str, ran: bool) -> None:
         """``ran``: the run trained here (its wall time counts towards the typical duration)."""
@@ -134,8 +140,9 @@ class GridProgress:
         """A line per running run and one for the grid."""
         with self.lock:
             running, durations = dict(self.running), list(self.durations)
-            waiting = len(self.tags) - len(self.ended) - len(self.skipped) - len(running)
+            waiting = len(self.tags) - len(self.ended) - len(self.skipped) - len(self.held) - len(running)
             before = f" (+{len(self.skipped)} done before)" if self.skipped else ""
+            held = f", {len(self.held)} in use elsewhere" if self.held else ""
         lines, remaining = [], []
         for run in running:
             progress = read_progress(self.sweep_dir / run)
@@ -145,7 +152,7 @@ class GridProgress:
                 durations.append(duration)
         eta = grid_eta(remaining, durations, waiting, self.parallel)
         lines.append(
-            f"sweep {self.name}: {len(self.ended)} done{before}, {len(running)} running, {waiting} waiting; "
+            f"sweep {self.name}: {len(self.ended)} done{before}, {len(running)} running{held}, {waiting} waiting; "
             f"eta {fmt_interval(eta)} (grid)"
         )
         return lines

@@ -7,13 +7,17 @@
     python -m experiments sweep configs/sweeps/paper-table1.yaml --collect     # the comparison of what finished
 
 Started again, a sweep skips finished (or diverged) runs and resumes unfinished ones from their newest
-checkpoint (``--restart``: from scratch). Where the runs go is the spec's ``launcher``: local processes
+checkpoint (``--restart``: from scratch). Two sweeps on one spec share the grid: each run is claimed before it
+starts, and a run another sweep (or command) is using is skipped and left to it, never trained twice; the
+sweep's own files (``sweep.yaml``, the comparison's tables and plots) are replaced atomically, so of two
+writers the last one's file stands whole. Where the runs go is the spec's ``launcher``: local processes
 (:mod:`experiments.sweeps.launchers`) or submitit jobs (:mod:`experiments.sweeps.cluster`); while runs train
 a progress line per run and the grid's ETA are printed every ``progress_every_s`` seconds. The comparison
 (markdown + CSV table, PNG plots, TensorBoard layout) comes from :mod:`experiments.results.compare`.
 
-Exit status: 0; 1 when a run crashed; 2 for a bad sweep file or option (one line); 130 / 143 after Ctrl-C /
-SIGTERM (the runs save ``interrupted.ckpt`` first; the same command resumes).
+Exit status: 0 (also when runs were left to another sweep); 1 when a run crashed; 2 for a bad sweep file or
+option (one line); 130 / 143 after Ctrl-C / SIGTERM (the runs save ``interrupted.ckpt`` first; the same command
+resumes).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from experiments.results.tb_layout import comparison_url
 from experiments.sweeps.cluster import Submission
 from experiments.sweeps.launchers import (  # noqa: F401 - the names the sweep has always offered
     DONE,
+    IN_USE,
     SIGNAL_EXIT,
     Children,
     SweepStopped,
@@ -204,6 +209,13 @@ def main(argv: list[str] | None = None) -> int | None:
         statuses = run_locally(spec, runs, sweep_dir, args.restart)
         compare(spec, runs, sweep_dir)
         crashed += [name for name, status in statuses.items() if status == "crashed"]
+        if held := [name for name, status in statuses.items() if status == IN_USE]:
+            print(
+                f"sweep {spec.name}: {len(held)} run(s) in use by another sweep or command, left to it: "
+                f"{', '.join(held)}; listed as running above; when they end, compare again with "
+                f"`python -m experiments sweep {args.sweep_file} --collect`",
+                flush=True,
+            )
     if crashed:
         print(
             f"error: {len(crashed)} run(s) crashed: {', '.join(crashed)} (their logs are in <sweep>/logs/)",
