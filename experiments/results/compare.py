@@ -31,6 +31,7 @@ from experiments.results.profiles import plot_depth_profiles
 from experiments.results.runs import SWEEP_RECORD, load_summaries, sweep_record
 from experiments.results.tables import STALL_RATIO
 from experiments.results.tb_layout import write_layout
+from fileio import atomic_write_text
 
 CELLS_CSV = "comparison_cells.csv"
 __all__ = ["STALL_RATIO", "SWEEP_RECORD", "Comparison", "load_comparison", "load_summaries", "write_comparison"]
@@ -145,11 +146,10 @@ def write_tables(sweep_dir: Path, comparison: Comparison) -> dict[str, Path]:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     out = {"markdown": sweep_dir / "comparison.md", "csv": sweep_dir / "comparison.csv"}
     out["cells_csv"] = sweep_dir / CELLS_CSV
-    out["markdown"].write_text(comparison.markdown())
+    atomic_write_text(out["markdown"], comparison.markdown())
     tables.write_runs_csv(out["csv"], comparison.table, comparison.metric)
-    out["cells_csv"].write_text(
-        tables.cells_csv(comparison.cells, comparison.metric, comparison.baseline, comparison.table)
-    )
+    cells = tables.cells_csv(comparison.cells, comparison.metric, comparison.baseline, comparison.table)
+    atomic_write_text(out["cells_csv"], cells)
     return out
 
 
@@ -157,7 +157,8 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
     """Writes ``comparison.md``, ``comparison.csv`` (per run), ``comparison_cells.csv`` (per cell),
     ``curves.png`` (+ ``stability.png``, ``metric_vs_lr.png`` with several rates, ``depth_profiles.png``
     when the runs logged diagnostics) and the TensorBoard layout. ``metric`` defaults to the sweep's
-    (``sweep.yaml``), else ``val/loss``.
+    (``sweep.yaml``), else ``val/loss``. Each file is replaced atomically; a run still running is listed as
+    running, and its directory is neither read nor written (the layout goes into the other runs').
 
     Returns:
         ``{kind: path}`` of what was written.
@@ -174,7 +175,8 @@ def write_comparison(sweep_dir: Path, names: list[str] | None = None, metric: st
         out["metric_vs_lr"] = sweep_dir / "metric_vs_lr.png"
     if plot_depth_profiles(sweep_dir, comparison.cells, sweep_dir / "depth_profiles.png"):
         out["depth_profiles"] = sweep_dir / "depth_profiles.png"
-    if layout := write_layout(sweep_dir, list(comparison.summaries), metric):
+    quiet = [n for n, s in comparison.summaries.items() if s.get("status") != "running"]  # nobody writes them
+    if layout := write_layout(sweep_dir, quiet, metric):
         out["tb_layout"] = layout
     return out
 

@@ -57,7 +57,8 @@ def recorded_files(target: Path) -> list[Path]:
 def _sources(sweep_dir: Path) -> list[Path]:
     """The files of the comparison to copy, in a fixed order."""
     sources = [sweep_dir / name for name in TOP_LEVEL] + sorted(sweep_dir.glob("*.png"))
-    sources += [sweep_dir / name / SUMMARY for name in load_summaries(sweep_dir)]
+    summaries = load_summaries(sweep_dir)  # a run still running (or not started) has no result to copy yet
+    sources += [sweep_dir / n / SUMMARY for n, s in summaries.items() if s.get("status") not in ("running", "missing")]
     return [p for p in sources if p.is_file()]
 
 

@@ -25,10 +25,18 @@ from experiments.results.cells import PRIMARY, Cell, CellStats, cell_stats, fini
 from experiments.results.palette import scheme_colours  # noqa: E402
 from experiments.results.stats import CI_NAME, interval_bands  # noqa: E402
 from experiments.results.tables import fmt, fmt_estimate  # noqa: E402
+from fileio import atomic_file  # noqa: E402
 
 RAN = ("finished", "stalled")  # ran to the end: a curve and a final value that mean something
 ZOOM_FROM = 0.5  # the zoom panels show the last half of the steps
 TRAIN_SMOOTHING = 5  # the zoomed training loss is a trailing mean over this many logged points
+
+
+def save_figure(fig, path: Path, dpi: int) -> None:
+    """Saves ``fig`` as a PNG atomically (two comparisons at once: each file is one of them, whole) and closes it."""
+    with atomic_file(path) as f:
+        fig.savefig(f, format="png", dpi=dpi)
+    plt.close(fig)
 
 
 def facet_label(cell: Cell, axes: list[str]) -> str:
@@ -158,8 +166,7 @@ def plot_curves(cells: list[Cell], summaries: dict[str, dict], path: Path, title
     fig.suptitle(title + f"\nmean over seeds per cell; band: {CI_NAME}", fontsize=11)
     rows_of_legend = math.ceil(len(handles) / 5)
     fig.tight_layout(rect=(0, (0.25 + 0.22 * rows_of_legend) / height, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _state(stats: CellStats) -> str:
@@ -206,8 +213,7 @@ def plot_stability(cells: list[Cell], path: Path, metric: str) -> bool:
     ax.set_title(f"stability map: final {metric}, mean ± {CI_NAME} (n)\n"
                  "green ok, yellow spikes, orange stalled, red diverged, grey crashed", fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return True
 
 
@@ -265,8 +271,7 @@ def plot_metric_vs_lr(cells: list[Cell], path: Path, metric: str) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return True
 
 

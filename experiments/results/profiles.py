@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from experiments.results.cells import Cell, varying_axes  # noqa: E402
 from experiments.results.palette import scheme_colours  # noqa: E402
-from experiments.results.plots import RAN, facet_label  # noqa: E402
+from experiments.results.plots import RAN, facet_label, save_figure  # noqa: E402
 
 RMS_TAG = re.compile(r"^diag/rms/(?P<stream>[^/]+)/block_(?P<block>\d+)$")
 GRAD_TAG = re.compile(r"^diag/grad_norm/block_(?P<block>\d+)$")
@@ -79,8 +79,9 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
     end are averaged, the band spans them (min to max over seeds); a diverged run is drawn alone, dotted;
     runs still running or crashed are left out.
     """
-    profiles = {r["run"]: depth_profile(last_diagnostics(sweep_dir / r["run"])) for c in cells for r in c.runs}
-    cells = [c for c in cells if any(profiles[r["run"]] for r in c.runs)]
+    runs = [r["run"] for c in cells for r in c.runs if r["status"] != "running"]  # a running run's files: unread
+    profiles = {run: depth_profile(last_diagnostics(sweep_dir / run)) for run in runs}
+    cells = [c for c in cells if any(profiles.get(r["run"]) for r in c.runs)]
     if not cells:
         return False
     axes_names = varying_axes(cells)
@@ -124,6 +125,5 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
                 ax.legend(fontsize=7, ncol=2)
     fig.suptitle("depth profiles at the last logged step: mean over seeds, band: their range", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True

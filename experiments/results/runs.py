@@ -1,7 +1,7 @@
 """Reading a sweep directory: the spec it ran with (``sweep.yaml``) and each run's ``summary.json``.
 
 What every reader of results starts from (the comparison, its export, README's generated blocks); it
-reads and never writes.
+reads and never writes, and it reads only runs no command is writing (:func:`load_summaries`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from experiments.reliability.errors import SuiteError
+from experiments.reliability.run_lock import in_use
 from fileio import InputError, NotJSONError, read_json
 
 SWEEP_RECORD = "sweep.yaml"  # written by the sweep into its directory: its spec, run order and grid
@@ -64,7 +65,10 @@ def check_summary(summary: dict, path: Path) -> dict:
 def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str, dict]:
     """``{run name: summary}`` for the given runs (default: the sweep's, in its order; else every run found).
 
-    A run without a readable ``summary.json`` is listed as ``missing`` (none yet) or ``crashed`` (unreadable).
+    A run without a readable ``summary.json`` is listed as ``missing`` (none yet) or ``crashed`` (unreadable). A
+    run some command is using right now (a sweep's claim or a run lock held: training, testing) is listed as
+    ``running`` and its files are not read: only runs nobody writes are, so a comparison beside a running
+    sweep never mixes a run's numbers so far with finished ones.
     """
     if names is None:
         names = sweep_record(sweep_dir).get("runs")
@@ -77,6 +81,9 @@ def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str,
         path = sweep_dir / name / SUMMARY
         if Path(name).name != name or name.startswith("."):
             raise SuiteError(f"{sweep_dir / SWEEP_RECORD} names the run {name!r}; valid: a directory in {sweep_dir}")
+        if (holder := in_use(sweep_dir / name)) is not None:
+            out[name] = {"status": "running", "error": f"in use by {holder}"}
+            continue
         try:
             found = path.exists()
             out[name] = check_summary(read_json(path, "run summary", dict), path) if found else {"status": "missing"}

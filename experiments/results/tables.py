@@ -26,6 +26,7 @@ from experiments.results.stats import (
     sensitivity,
     sign_flip_floor,
 )
+from fileio import atomic_write_text
 
 STALL_RATIO = 0.9  # stalled: final val loss > 90 % of the context-free baseline
 RUN_COLUMNS = ["run", "scheme", "lr", "status", "steps", "train_loss", "val_loss", PRIMARY, "diverged", "spikes",
@@ -324,12 +325,13 @@ def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
     """The per-run table with every test metric (per-task downstream scores included); the metric's
     column is named after it."""
     names = run_table_columns(table, markdown=False, metric=metric)
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow([metric if c == PRIMARY else c for c in names])
-        for r in table:
-            values = {**r, "protocol": r.get("protocol_id")}
-            writer.writerow([_csv_value(c, values.get(c)) for c in names])
+    fh = io.StringIO(newline="")
+    writer = csv.writer(fh)
+    writer.writerow([metric if c == PRIMARY else c for c in names])
+    for r in table:
+        values = {**r, "protocol": r.get("protocol_id")}
+        writer.writerow([_csv_value(c, values.get(c)) for c in names])
+    atomic_write_text(path, fh.getvalue())  # two comparisons at once: each file is one of them, whole
 
 
 def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:

@@ -135,14 +135,14 @@ def write_layout(sweep_dir: Path, names: list[str], metric: str = "val/loss") ->
     """Writes the layout into every existing run directory of ``names`` (replacing earlier ones) and removes
     a sweep-level layout an earlier version wrote; returns one of the files (None without a run directory)."""
     for old in sweep_dir.glob(EVENTS):  # the former sweep-level layout (the empty run "."); runs are below
-        old.unlink()
+        old.unlink(missing_ok=True)  # another comparison may remove it first
     run_dirs = [sweep_dir / n for n in names if (sweep_dir / n).is_dir()]
     tags = set().union(*(run_tags(d) for d in run_dirs)) if run_dirs else set()
     layout = build_layout(metric, sweep_depth(sweep_dir, names), tags)
     written = None
     for run_dir in run_dirs:
         for old in run_dir.glob(EVENTS + LAYOUT_SUFFIX):
-            old.unlink()
+            old.unlink(missing_ok=True)
         if not layout:
             continue
         writer = SummaryWriter(log_dir=str(run_dir), filename_suffix=LAYOUT_SUFFIX)
