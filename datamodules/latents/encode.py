@@ -17,12 +17,15 @@ partial shard included) and exit 143 / 130; the same command resumes. A rerun wi
 prints "cache exists" and stops. ``--out`` must be new, empty, or a latent cache: one made with other
 settings is replaced only with ``--overwrite`` (the old cache stays readable until the new meta.json
 replaces it, then its files are deleted); a directory that is not a latent cache is never touched.
-Bad input is one line ``error: ...`` and exit status 2.
+One encoding at a time per ``--out`` (``.encode.lock`` while it runs): a second one stops in one line naming
+the first (exit 2) before it loads the VAE, and the first finishes whole. Bad input is one line ``error: ...``
+and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -33,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
@@ -53,12 +57,14 @@ from datamodules.latents.cache import (
     read_latent_meta,
 )
 from fileio import InputError, atomic_write_json, output_dir
+from fileio.locks import holder, try_lock, unlock, write_holder
 from models.vae import load_vae
 
 # Settings a rerun must share with an existing cache for it to be reused.
 IDENTITY_KEYS = ("vae_path", "vae_sha256", "scaling_factor", "shift_factor", "source", "source_name", "image_size",
                  "count", "flip", "sample", "dtype", "shard_size", "seed")  # fmt: skip
 PROGRESS_FILE = "encoding.json"  # the shards an unfinished encoding has written so far
+LOCK_FILE = ".encode.lock"  # held while an encoding writes the cache; removed when it ends
 USAGE_ERROR = 2
 
 
@@ -235,7 +241,7 @@ def plan_output(out: Path, meta: LatentCacheMeta, tag: str, overwrite: bool) -> 
         else:
             plan.replaced += shard_files(out, record["shards"])
     elif out.is_dir() and not (out / META_FILE).is_file():
-        found = sorted(p.name for p in out.iterdir())
+        found = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
         if found:
             raise ValueError(
                 f"--out {str(out)!r} is not a latent cache (it holds {', '.join(found[:3])}"
@@ -301,9 +307,44 @@ def write_progress(out: Path, tag: str, meta: LatentCacheMeta, shards: list[dict
     atomic_write_json(out / PROGRESS_FILE, record)
 
 
+def lock_out(out: Path) -> IO[str]:
+    """Takes ``--out``'s lock (``.encode.lock``, an ``flock`` the kernel drops when this process ends however it
+    ends: a killed encoding never blocks the next).
+
+    Raises:
+        ValueError: another encoding holds it (one line naming it); nothing is changed.
+    """
+    handle = try_lock(out / LOCK_FILE)
+    if handle is None:
+        raise ValueError(
+            f"--out {str(out)!r} is being written by {holder(out / LOCK_FILE)} (command line); valid: wait for it "
+            "to end (the same command then finds the cache), stop it, or another --out"
+        )
+    write_holder(handle, "latents.encode")
+    return handle
+
+
 def encode(args: argparse.Namespace) -> int:
-    """Encodes (or resumes, or skips) the cache; returns the exit status."""
+    """Encodes (or resumes, or skips) the cache under ``--out``'s lock; returns the exit status.
+
+    The lock comes first, before the VAE is loaded: a second encoding into the same ``--out`` stops at once, and
+    what ``--out`` holds (a cache, an unfinished encoding) is read only while no other encoding can change it.
+    """
     out = Path(args.out)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = lock_out(out)
+    try:
+        return encode_locked(args, out)
+    finally:
+        unlock(lock, remove=True)
+        if created:
+            with contextlib.suppress(OSError):  # refused before writing anything: the new directory goes too
+                out.rmdir()
+
+
+def encode_locked(args: argparse.Namespace, out: Path) -> int:
+    """:func:`encode` once this process holds ``--out``'s lock."""
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     vae = load_vae(args.vae).to(device).eval()
     dataset, meta = build_meta(args, vae)
@@ -311,7 +352,6 @@ def encode(args: argparse.Namespace) -> int:
     plan = plan_output(out, meta, tag, args.overwrite)
     if plan.exists:
         return 0
-    out.mkdir(parents=True, exist_ok=True)
     writer = LatentShardWriter(
         out, args.shard_size, args.dtype, tag, plan.shards, on_flush=lambda s: write_progress(out, tag, meta, s)
     )

@@ -13,13 +13,15 @@ Interrupted (SIGTERM, Ctrl-C: exit 143 / 130, the state saved within a batch) or
 resumes where the last saved state stands and writes the same bytes an uninterrupted run would. A finished
 ``--out`` is left alone by the same command; one holding another corpus's shards (or other files) is refused
 unless ``--overwrite``, which builds the new set beside the old one and then replaces it. Bad input is one
-line ``error: ...`` and exit status 2, with nothing written.
+line ``error: ...`` and exit status 2, with nothing written. One preparation at a time per ``--out``: a second
+one (started at the same moment or later) stops in one line naming the first (exit 2), which finishes whole;
+what ``--out`` holds is decided only once the lock is held.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
+import contextlib
 import os
 import shutil
 import signal
@@ -27,12 +29,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from datamodules.text.corpus import list_inputs
 from datamodules.text.pipeline import STATE_FILE, PrepareSpec, Stopped, prepare_corpus, spec_sha256
 from datamodules.text.shards import SHARD_TOKENS, check_fractions, has_shards, publish, read_meta, shard_dtype
 from datamodules.text.tokenizers import check_bpe_vocab_size
 from fileio.checks import number
+from fileio.locks import holder, try_lock, unlock, write_holder
 
 STAGING = ".prepare"  # inside --out: the set being written and its state.json
 LOCK = ".prepare.lock"
@@ -97,8 +101,8 @@ def make_spec(args: argparse.Namespace) -> tuple[PrepareSpec, list]:
     return spec, list_inputs(spec.inputs)  # missing or unknown inputs: one line now, before the output exists
 
 
-def claim_out(out: Path, record: dict, overwrite: bool) -> str:
-    """Decides what the command does with ``--out``: "fresh", "resume", "done"; refuses what is not its own."""
+def check_out_path(out: Path) -> None:
+    """``--out`` can be a directory: not a file, not under one."""
     if out.exists() and not out.is_dir():
         raise PrepareError(f"--out {str(out)!r} is a file; valid: a directory path")
     for parent in out.parents:
@@ -106,6 +110,12 @@ def claim_out(out: Path, record: dict, overwrite: bool) -> str:
             if not parent.is_dir():
                 raise PrepareError(f"--out {str(out)!r} lies under {str(parent)!r}, which is a file")
             break
+
+
+def claim_out(out: Path, record: dict, overwrite: bool) -> str:
+    """Decides what the command does with ``--out``: "fresh", "resume", "done"; refuses what is not its own.
+    Called under the output's lock (:func:`lock_out`), so no other preparation changes ``--out`` meanwhile."""
+    check_out_path(out)
     if not out.exists():
         return "fresh"
     staging = out / STAGING
@@ -131,13 +141,29 @@ def claim_out(out: Path, record: dict, overwrite: bool) -> str:
     return "fresh"
 
 
-def _lock(out: Path):
-    handle = open(out / LOCK, "w")  # noqa: SIM115 - held until the process ends or releases it
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise PrepareError(f"another prepare_text is writing {str(out)!r}; wait for it, or stop it first") from None
+def lock_out(out: Path) -> IO[str]:
+    """Takes ``--out``'s lock (``.prepare.lock``, an ``flock`` the kernel drops when this process ends however
+    it ends: a killed preparation never blocks the next).
+
+    Raises:
+        PrepareError: another preparation holds it (one line naming it); nothing is changed.
+    """
+    handle = try_lock(out / LOCK)
+    if handle is None:
+        raise PrepareError(
+            f"--out {str(out)!r} is being written by {holder(out / LOCK)} (command line); valid: wait for it to end "
+            "(the same command then finds it done), stop it, or another --out"
+        )
+    write_holder(handle, "prepare_text")
     return handle
+
+
+def release(lock: IO[str], out: Path, created: bool) -> None:
+    """Drops ``--out``'s lock and its file; a directory this command created and left empty goes too."""
+    unlock(lock, remove=True)
+    if created:
+        with contextlib.suppress(OSError):  # not empty (another preparation's files): kept
+            out.rmdir()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -146,13 +172,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         spec, files = make_spec(args)
         out = Path(args.out)
-        decision = claim_out(out, spec.record(files), args.overwrite)
-        if decision == "done":
-            print(f"{out}: already prepared with these inputs and settings; nothing to do")
-            return
+        check_out_path(out)
         created = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
-        lock = _lock(out)
+        lock = lock_out(out)  # first: what --out holds is decided under the lock, never before another's publish
+        try:
+            decision = claim_out(out, spec.record(files), args.overwrite)
+        except PrepareError:
+            release(lock, out, created)
+            raise
+        if decision == "done":
+            release(lock, out, created)
+            print(f"{out}: already prepared with these inputs and settings; nothing to do")
+            return
         if decision == "resume":
             print(f"{out}: resuming the unfinished preparation in {out / STAGING}", file=sys.stderr)
         stop, stopped_by = threading.Event(), []
@@ -166,18 +198,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             prepared = prepare_corpus(spec, out / STAGING, workers=args.workers, progress=not args.no_progress,
                                       stop=stop, checkpoint_bytes=int(args.checkpoint_mb * 2**20))  # fmt: skip
         except (FileNotFoundError, ValueError):  # an input found bad mid-way: a fresh attempt leaves nothing
-            lock.close()
             if decision == "fresh":
-                shutil.rmtree(out if created else out / STAGING, ignore_errors=True)
-            (out / LOCK).unlink(missing_ok=True)
+                shutil.rmtree(out / STAGING, ignore_errors=True)
+            release(lock, out, created)
             raise
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         publish(out / STAGING, out)
         shutil.rmtree(out / STAGING, ignore_errors=True)
-        lock.close()
-        (out / LOCK).unlink(missing_ok=True)
+        release(lock, out, created=False)
     except Stopped as stop_:
         signum = stopped_by[0] if stopped_by else signal.SIGINT
         print(f"prepare_text: {signal.Signals(signum).name}, {stop_}", file=sys.stderr, flush=True)
