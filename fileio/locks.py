@@ -70,8 +70,10 @@ def write_holder(handle: IO[str], command: str) -> None:
 def holder(path: str | Path) -> str:
     """Who holds the lock of ``path``, as its JSON says: ``fit (pid 123 on host, since 2026-01-01T10:00:00)``."""
     with contextlib.suppress(OSError, ValueError, TypeError):  # unreadable, or not the JSON object we write
-        info = {"command": "?", "pid": "?", "host": "?", "since": "?", **json.loads(Path(path).read_text() or "{}")}
-        return f"{info['command']} (pid {info['pid']} on {info['host']}, since {info['since']})"
+        text = Path(path).read_text()
+        if text.strip():  # empty: taken a moment ago, its holder not written yet
+            info = {"command": "?", "pid": "?", "host": "?", "since": "?", **json.loads(text)}
+            return f"{info['command']} (pid {info['pid']} on {info['host']}, since {info['since']})"
     return "another process"
 
 

@@ -121,9 +121,7 @@ def sweep_claim(run_dir: Path, command: str) -> Iterator[str | None]:
         yield holder(path)
         return
     try:
-        other = in_use(run_dir, claims=False)
-        if other is None:
-            write_holder(handle, command)
-        yield other
+        write_holder(handle, command)  # first: another sweep refused meanwhile names this one, not a past holder
+        yield in_use(run_dir, claims=False)
     finally:
         unlock(handle)
