@@ -82,11 +82,12 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
     scalars = {p for p in net.parameters() if p.ndim == 0}
     left_out = experts | scalars
     # A packed projection's weight is (parts, rows, in): cut on dim 0 (2 or 3 parts) every rank would hold a padded
-    # third or half of it; cut on its input axis, each holds 1 / data_parallel (rows may be tensor-parallel)
+    # third or half of it; cut on its input axis (the last: a grouped-query qkv is (kv_heads, parts, Dh, in)), each
+    # holds 1 / data_parallel (rows may be tensor-parallel)
     packed = {id(m.weight) for m in net.modules() if isinstance(m, PackedLinear)}
     shard = {
         "mesh": dp_mesh, "mp_policy": policy, "reshard_after_forward": config.reshard_after_forward,
-        "shard_placement_fn": lambda p: Shard(2) if id(p) in packed else None,
+        "shard_placement_fn": lambda p: Shard(p.ndim - 1) if id(p) in packed else None,
     }  # fmt: skip
     for block in trunk.blocks:
         fully_shard(block, ignored_params={p for p in block.parameters() if p in left_out} or None, **shard)

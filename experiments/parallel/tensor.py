@@ -12,7 +12,9 @@ Per Block, over the ``tensor_parallel`` mesh dimension of size t::
 Every scheme's norms and stream arithmetic act on one token at a time, so they run unchanged on the sequence
 share, for one stream or several, all with one placement; no scheme needs a plan of its own. Fused projections
 (``qkv`` = [q; k; v], SwiGLU's ``fc1`` = [gate; up]) are sharded part by part (:mod:`experiments.parallel.packed`):
-each rank holds its slice of q, of k and of v, and the block code reads the local widths from the tensors.
+each rank holds its slice of q, of k and of v, and the block code reads the local widths from the tensors. Under
+grouped-query attention the qkv is sharded by key/value head: each rank holds H_kv / t key/value heads and the
+H / t query heads that read them.
 What the sequence shares see differently on each rank, the parameters they touch (the schemes' norms and
 mixers, per-head QK-norms, adaLN) get different gradients from each rank: :func:`sequence_parallel_params`
 lists them and their gradients are summed over the group before the step. The trunk's input is cut into
@@ -20,7 +22,7 @@ shares on the way in and gathered on the way out, so embeddings, heads and the l
 (replicated) tensors.
 
 Refused, with a reason: mixtures of experts (expert parallelism is their axis), QK-norm over the whole projection
-(it needs every head), a sequence length or head count that t does not divide.
+(it needs every head), a sequence length, head count or key/value head count that t does not divide.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from models.trunk import Trunk
 
 
 class PackedColwiseParallel(ParallelStyle):
-    """Column parallelism for a :class:`PackedLinear`: its ``(parts, rows, in)`` weight cut on the rows axis.
+    """Column parallelism for a :class:`PackedLinear`: its ``(parts, rows, in)`` weight cut on the rows axis (a
+    grouped-query qkv's ``(kv_heads, parts, Dh, in)`` on the key/value heads axis: ``shard_dim``).
 
     In: this rank's share of the sequence, gathered into the whole sequence (Megatron's "g": all-gather forward,
     reduce-scatter of the input gradient backward, since each rank's slice adds its part of it). Out: the local
@@ -48,7 +51,8 @@ class PackedColwiseParallel(ParallelStyle):
 
         def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
             for pname, param in list(mod.named_parameters(recurse=False)):
-                rows = nn.Parameter(distribute_tensor(param, mesh, [Shard(1)]), requires_grad=param.requires_grad)
+                cut = [Shard(mod.shard_dim)]
+                rows = nn.Parameter(distribute_tensor(param, mesh, cut), requires_grad=param.requires_grad)
                 mod.register_parameter(pname, rows)
 
         def gather(mod: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
@@ -72,7 +76,7 @@ def check_tensor_parallel(trunk: Trunk, tp: int, seq_len: int | None) -> None:
                 "qk_norm_scope 'full' normalizes all heads' q as one vector, which tensor parallelism splits; "
                 "valid with tensor_parallel_size > 1: qk_norm_scope 'per_head'"
             )
-    for what, value in (("num_heads", cfg.num_heads), ("hidden", cfg.hidden)):
+    for what, value in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.kv_heads), ("hidden", cfg.hidden)):
         if value % tp:
             raise ValueError(f"trunk {what} {value} is not divisible by tensor_parallel_size {tp}")
     if seq_len is not None and seq_len % tp:

@@ -6,7 +6,8 @@ start-up once for many runs:
     {"kind": "fit", "argv": [...]}                   python -m experiments ARGV through the real CLI and Trainer
      (+ "expect": status: the exit status it must end with, e.g. 143 for a run stopped by SIGTERM)
     {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh
-     (+ "experts": E: an MoE trunk, experts split over the d ranks);
+     (+ "experts": E: an MoE trunk, experts split over the d ranks;
+        "kv_heads": K: grouped-query attention, 4 query heads over K key/value heads);
                                                       writes the largest relative gradient difference to the
                                                       same network in one process, on the whole batch
 
@@ -28,26 +29,29 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.__main__ import main  # noqa: E402 - after the path: the worker runs as a script
 from experiments.parallel import ParallelConfig, parallelize, sync_grads  # noqa: E402
+from experiments.parallel.packed import unpack_state_dict  # noqa: E402
 from models import LanguageModel, TrunkConfig  # noqa: E402
 
 
-def tiny_lm(scheme: str, experts: int = 0) -> LanguageModel:
+def tiny_lm(scheme: str, experts: int = 0, kv_heads: int = 0) -> LanguageModel:
     torch.manual_seed(0)
     moe = {"moe_experts": experts, "moe_top_k": 2, "moe_hidden": 16} if experts else {}
+    heads = {"num_heads": 4, "num_kv_heads": kv_heads} if kv_heads else {"num_heads": 2}
     cfg = TrunkConfig(
-        dim=32, depth=2, num_heads=2, mlp="swiglu", mlp_hidden=64, norm_scheme=scheme, norm_layer="rmsnorm",
-        qk_norm=True, bias=False, init="normal", init_std=0.02, **moe,
+        dim=32, depth=2, mlp="swiglu", mlp_hidden=64, norm_scheme=scheme, norm_layer="rmsnorm",
+        qk_norm=True, bias=False, init="normal", init_std=0.02, **moe, **heads,
     )  # fmt: skip
     return LanguageModel(cfg, 256, max_seq_len=32)
 
 
-def grad_difference(scheme: str, dp: int, tp: int, experts: int = 0) -> float:
+def grad_difference(scheme: str, dp: int, tp: int, experts: int = 0, kv_heads: int = 0) -> float:
     """Largest ``|g_sharded - g| / max|g|`` over the parameters; the loss is asymmetric in the batch rows.
-    With ``experts``, an MoE trunk whose experts are split over the ``dp`` ranks (expert parallelism)."""
+    With ``experts``, an MoE trunk whose experts are split over the ``dp`` ranks (expert parallelism); with
+    ``kv_heads``, grouped-query attention (its packed qkv compared in the plain layout)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    net = tiny_lm(scheme, experts)
+    net = tiny_lm(scheme, experts, kv_heads)
     idx = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
     weights = torch.arange(1, 5, dtype=torch.float32).view(4, 1, 1)  # rows weigh differently: order matters
 
@@ -69,6 +73,7 @@ def grad_difference(scheme: str, dp: int, tp: int, experts: int = 0) -> float:
     worst = 0.0
     for name, p in net.named_parameters():
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        grad = unpack_state_dict({name: grad})[name]  # a grouped-query qkv: back in the fused row order
         ref = reference[name]
         worst = max(
             worst, float((grad.reshape(ref.shape) - ref).abs().max()) / max(float(ref.abs().max()), 1e-3 * scale)
@@ -83,7 +88,8 @@ def run(jobs: list[dict], out: Path) -> None:
     results = []
     for job in jobs:
         if job["kind"] == "grads":
-            results.append(grad_difference(job["scheme"], job["dp"], job["tp"], job.get("experts", 0)))
+            args = job["scheme"], job["dp"], job["tp"], job.get("experts", 0), job.get("kv_heads", 0)
+            results.append(grad_difference(*args))
         else:
             try:
                 main(job["argv"])

@@ -4,7 +4,8 @@ parallelism and sharded checkpoints, each held to one process running the same g
 Three launches of tests/experiments/parallel_worker.py share the cost of starting processes over every check:
 
     world 1   part run C (ModelParallelStrategy on one process, 4 steps); the DiT on one process
-    world 2   gradient checks: 5 schemes x FSDP2 / TP, and the MoE with its experts split over the ranks;
+    world 2   gradient checks: 5 schemes x FSDP2 / TP, grouped-query attention (2 key/value heads of 4) under
+              both, and the MoE with its experts split over the ranks;
               fits: FSDP2 and TP for pre, TP for siamese; TP killed by SIGTERM -> resumed (against the
               uninterrupted TP run);
               C resumed on 2 (1 -> 2); part run A (FSDP2); ViT and DiT under FSDP2 beside DDP, DiT under TP;
@@ -49,6 +50,7 @@ STEPS, PART = 8, 4
 RTOL = 1e-5
 SCHEMES = ("pre", "siamese", "siamese_hybrid", "mhc", "hyper")
 MESHES = ((2, 1), (1, 2))  # (data_parallel, tensor_parallel)
+GQA = ("pre", "siamese_hybrid")  # grouped-query attention: per-head QK-norm; HybridNorm's per-head q, k and v norms
 
 
 KILL = ("--trainer.callbacks+=tests.experiments.pacing.SignalAtStep", "--trainer.callbacks.at_step=3")
@@ -163,6 +165,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     launch(one, r["launch"] / "c", world=1)
     grads = [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp} for s in SCHEMES for dp, tp in MESHES]
     grads += [{"kind": "grads", "scheme": s, "dp": 2, "tp": 1, "experts": 4} for s in ("pre", "siamese")]
+    grads += [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp, "kv_heads": 2} for s in GQA for dp, tp in MESHES]
     jobs = [
         *grads,
         fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
@@ -194,7 +197,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     results = launch(jobs, r["launch"] / "two", world=2)
     launch([fit(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))],  # 2 -> 1
            r["launch"] / "a", world=1)  # fmt: skip
-    keys = [(g["scheme"], g["dp"], g["tp"], g.get("experts", 0)) for g in grads]
+    keys = [(g["scheme"], g["dp"], g["tp"], g.get("experts", 0), g.get("kv_heads", 0)) for g in grads]
     r["grads"] = dict(zip(keys, results[0][: len(grads)], strict=True))
     return r
 
@@ -202,12 +205,19 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
 @pytest.mark.parametrize("dp,tp", MESHES, ids=["fsdp2-dp2", "tp2"])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_sharded_gradients_equal_one_process_on_the_whole_batch(ran: dict, scheme: str, dp: int, tp: int):
-    assert ran["grads"][(scheme, dp, tp, 0)] <= RTOL
+    assert ran["grads"][(scheme, dp, tp, 0, 0)] <= RTOL
+
+
+@pytest.mark.parametrize("dp,tp", MESHES, ids=["fsdp2-dp2", "tp2"])
+@pytest.mark.parametrize("scheme", GQA)
+def test_grouped_query_attention_gradients_equal_one_process(ran: dict, scheme: str, dp: int, tp: int):
+    # 4 query heads over 2 key/value heads: under TP each rank holds 1 key/value head and the 2 query heads reading it
+    assert ran["grads"][(scheme, dp, tp, 0, 2)] <= RTOL
 
 
 @pytest.mark.parametrize("scheme", ["pre", "siamese"])
 def test_expert_parallel_gradients_equal_one_process(ran: dict, scheme: str):
-    assert ran["grads"][(scheme, 2, 1, 4)] <= RTOL  # 4 experts over 2 ranks, tokens by all-to-all
+    assert ran["grads"][(scheme, 2, 1, 4, 0)] <= RTOL  # 4 experts over 2 ranks, tokens by all-to-all
 
 
 def test_an_moe_fit_with_its_experts_split_over_the_ranks_follows_fsdp2(ran: dict):
@@ -338,6 +348,7 @@ def test_packed_linear_is_the_fused_linear_bit_for_bit():
         ({"moe_experts": 4, "moe_top_k": 2}, "expert parallelism"),
         ({"qk_norm": True, "qk_norm_scope": "full"}, "qk_norm_scope 'full'"),
         ({"num_heads": 3, "dim": 48}, "num_heads 3 is not divisible by tensor_parallel_size 2"),
+        ({"num_heads": 4, "num_kv_heads": 1}, "num_kv_heads 1 is not divisible by tensor_parallel_size 2"),
     ],
 )
 def test_what_tensor_parallelism_refuses_is_one_line(options: dict, message: str):
