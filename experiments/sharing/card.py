@@ -181,6 +181,12 @@ def task_sizes(run: RunCheckpoint) -> list[tuple[str, Any]]:
     ]
 
 
+def heads(trunk: dict[str, Any]) -> str:
+    """``8``, or ``8 (2 key/value heads)`` under grouped-query attention."""
+    kv = trunk.get("num_kv_heads")
+    return f"{trunk['num_heads']}" + (f" ({kv} key/value heads)" if kv and kv != trunk["num_heads"] else "")
+
+
 def _table(rows: list[tuple[str, Any]]) -> str:
     lines = ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
@@ -198,7 +204,7 @@ def body(run: RunCheckpoint, report: ExportReport, name: str, files: list[tuple[
     _, task_name = TASKS[run.task]
     sizes = [
         ("parameters", f"{report.params:,}"),
-        ("width / depth / heads", f"{trunk['dim']} / {trunk['depth']} / {trunk['num_heads']}"),
+        ("width / depth / heads", f"{trunk['dim']} / {trunk['depth']} / {heads(trunk)}"),
         ("MLP", f"{trunk['mlp']} (hidden {trunk.get('mlp_hidden') or 4 * trunk['dim']})"),
         ("norm layer", f"{trunk['norm_layer']} (eps {trunk['norm_eps']:g})"),
         ("QK-norm", trunk["qk_norm"]),

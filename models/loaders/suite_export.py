@@ -83,8 +83,12 @@ def read_suite_export(directory: str | Path) -> tuple[dict[str, Any], dict[str, 
 
 
 def trunk_differences(exported: dict[str, Any], ours: TrunkConfig) -> list[str]:
-    """Trunk fields whose values differ, training-only settings excepted: ``["dim: 128 vs 256", ...]``."""
+    """Trunk fields whose values differ, training-only settings excepted: ``["dim: 128 vs 256", ...]``.
+    ``num_kv_heads`` null and equal to ``num_heads`` are the same network (an export older than the field: null)."""
     mine = ours.to_dict()
+    exported = dict(exported)
+    kv_heads = exported.get("num_kv_heads") or exported.get("num_heads", ours.num_heads)
+    exported["num_kv_heads"] = mine["num_kv_heads"] if kv_heads == ours.kv_heads else kv_heads
     return [
         f"{k}: {exported.get(k)!r} in the export, {mine[k]!r} here"
         for k in mine

@@ -12,7 +12,7 @@ class SuiteLMConfig(PreTrainedConfig):
 
     A dataclass, as every transformers 5 config: the fields are the keyword arguments. The sizes tools
     look for under their usual names (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-    ``max_position_embeddings``) are read from the trunk, never stored twice.
+    ``num_key_value_heads``, ``head_dim``, ``max_position_embeddings``) are read from the trunk, never stored twice.
 
     Attributes:
         trunk: the suite's ``TrunkConfig`` as a dict (width, depth, heads, norm scheme and layer, MoE ...).
@@ -41,6 +41,15 @@ class SuiteLMConfig(PreTrainedConfig):
     @property
     def num_attention_heads(self) -> int:
         return int((self.trunk or {}).get("num_heads", 0))
+
+    @property
+    def num_key_value_heads(self) -> int:
+        """Key/value heads: the trunk's ``num_kv_heads`` (grouped-query attention), else ``num_attention_heads``."""
+        return int((self.trunk or {}).get("num_kv_heads") or self.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // max(self.num_attention_heads, 1)
 
     @property
     def max_position_embeddings(self) -> int:
