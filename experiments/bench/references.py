@@ -73,14 +73,15 @@ def reference(w: Workload, checkpointing: bool = False) -> Reference | str:
 
     llama = LlamaConfig(
         vocab_size=n["vocab_size"], hidden_size=cfg.dim, intermediate_size=cfg.hidden, num_hidden_layers=cfg.depth,
-        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads, max_position_embeddings=n["max_seq_len"],
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads, max_position_embeddings=n["max_seq_len"],
         rms_norm_eps=cfg.norm_eps, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
         attn_implementation="sdpa", use_cache=False,
     )  # fmt: skip
     theirs = LlamaForCausalLM(llama)
     if checkpointing:
         theirs.gradient_checkpointing_enable()
-    # Llama has no QK-norm: ours is loaded without it, so both compute the same function.
+    # Llama has no QK-norm: ours is loaded without it, so both compute the same function. A workload with
+    # num_kv_heads is compared with Llama's grouped-query attention (num_key_value_heads).
     ours = lm_from_llama(theirs, activation_checkpointing=checkpointing)
     return Reference(
         "transformers LlamaForCausalLM", theirs, ours, lm_loss(lambda m, ids: m(input_ids=ids).logits), True

@@ -4,6 +4,7 @@ eager trunks, the reference pairs, and the GPU script's CPU smoke mode. No timin
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import math
 import os
@@ -252,6 +253,21 @@ def test_reference_pair_computes_the_same_loss(task: str):
     ref.ours.eval()
     with torch.no_grad():
         torch.testing.assert_close(bench.OUR_LOSS[task](ref.ours, batch), ref.loss(ref.theirs, batch))
+
+
+def test_reference_pair_with_grouped_query_attention_computes_the_same_loss():
+    """The micro LM with 1 key/value head of 2 (``num_kv_heads``): transformers' Llama with grouped-query attention."""
+    lm = SIZES["micro"]["lm"]
+    w = dataclasses.replace(lm, trunk={**lm.trunk, "num_kv_heads": 1})
+    ref = reference(w)
+    assert not isinstance(ref, str) and ref.same_weights
+    assert ref.theirs.config.num_key_value_heads == 1 < ref.theirs.config.num_attention_heads
+    assert ref.ours.cfg.num_kv_heads == 1
+    batch = make_batch(w, torch.device("cpu"))
+    ref.theirs.eval()
+    ref.ours.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(bench.OUR_LOSS["lm"](ref.ours, batch), ref.loss(ref.theirs, batch))
 
 
 #################################################################################

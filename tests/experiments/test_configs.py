@@ -24,6 +24,7 @@ TASK_CONFIGS = sorted(
 # Overlays stack on a base config: the MoE switch and the tiny depth family sit on the tiny LM.
 OVERLAYS = {
     "configs/lm/moe-tiny.yaml": "configs/lm/tiny.yaml",
+    "configs/lm/gqa-tiny.yaml": "configs/lm/tiny.yaml",
     "configs/lm/downstream.yaml": "configs/lm/tiny.yaml",
     # DiT: the FID-50K protocol on the paper model, the synthetic smoke source on the tiny one.
     "configs/dit/eval-fid50k.yaml": "configs/dit/dit-b2.yaml",
