@@ -138,6 +138,11 @@ def _trunk_problems(cfg: TrunkConfig, mlp: tuple[str, ...]) -> list[str]:
         problems.append(f"our norm_layer is {cfg.norm_layer!r}; the reference uses layernorm")
     if cfg.moe_experts:
         problems.append(f"our trunk is a mixture of experts ({cfg.moe_experts}); the reference MLP is dense")
+    if cfg.kv_heads != cfg.num_heads:
+        problems.append(
+            f"our num_kv_heads is {cfg.num_kv_heads} of {cfg.num_heads} heads; the reference has one key/value "
+            "head per query head"
+        )
     if cfg.qk_norm and cfg.qk_norm_scope != "per_head":
         problems.append(f"our qk_norm_scope is {cfg.qk_norm_scope!r}; the reference normalizes q and k per head")
     if cfg.mlp not in mlp:

@@ -361,3 +361,16 @@ def test_a_gqa_suite_lm_converted_to_llama_gives_the_same_logits(monkeypatch):
     assert back.cfg.num_kv_heads == 2 and back.cfg == TrunkConfig(**{**cfg.to_dict(), "init_std": 0.02})
     for key, value in ours.state_dict().items():
         assert torch.equal(back.state_dict()[key], value.float()), key
+
+
+def test_timm_and_diffusers_loaders_refuse_a_gqa_network_in_one_named_line():
+    """Their attention has a key/value head per query head: the refusal names num_kv_heads, not a shape diff."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from models import ViTClassifier
+    from models.loaders import load_timm_vit
+
+    timm_vit = VisionTransformer(img_size=8, patch_size=4, num_classes=3, embed_dim=D, depth=1, num_heads=HEADS)
+    ours = ViTClassifier(TrunkConfig(dim=D, depth=1, num_heads=HEADS, num_kv_heads=2), 8, 4, 3, 3)
+    with pytest.raises(ValueError, match="our num_kv_heads is 2 of 4 heads; the reference has one key/value head"):
+        load_timm_vit(ours, timm_vit)
