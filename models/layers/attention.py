@@ -28,7 +28,7 @@ class Attention(nn.Module):
     """Self-attention with a fused QKV projection, multi-head or grouped-query.
 
     The fused projection ``qkv`` holds ``[W_q; W_k; W_v]``: ``W_q`` of ``D = H * Dh`` rows, ``W_k`` and ``W_v`` of
-    ``kv_dim = H_kv * Dh`` rows each, every one head 0's rows first. With ``H_kv < H`` (grouped-query attention,
+    ``kv_dim = H_kv * Dh`` rows each, each with head 0's rows first. With ``H_kv < H`` (grouped-query attention,
     Llama 3 / OLMo 2 32B; transformers' ``repeat_kv``) query head h reads key/value head ``h // (H / H_kv)``.
 
     Args:
