@@ -28,20 +28,32 @@ from typing import IO
 
 # What a file system that cannot lock says: the command goes on, unguarded, with a warning.
 NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
+PATIENCE_S = 0.5  # how long a taker waits out a momentary holder: a reader that only asks whether it is held
+PROBE_S = 0.05  # how long a reader that only asks waits out another reader asking at the same moment
 
 
-def try_lock(path: str | Path) -> IO[str] | None:
+def try_lock(path: str | Path, wait_s: float = PATIENCE_S) -> IO[str] | None:
     """Takes the exclusive lock of ``path`` (created if missing, its content kept); None when another process
-    holds it. The open handle is the lock: keep it until the claim ends (:func:`unlock`).
+    holds it for longer than ``wait_s`` seconds. The open handle is the lock: keep it until the claim ends
+    (:func:`unlock`). The short wait rides out a reader that only asks whether the lock is held (it takes the
+    lock for microseconds); a real holder keeps it for as long as its command runs.
 
     Raises:
         OSError: the file cannot be created or opened (a missing directory, no permission).
     """
     path = Path(path)
+    deadline = time.monotonic() + wait_s
     for _ in range(100):  # each retry means a holder removed the file between our open and our lock
         handle = open(path, "a+")  # noqa: SIM115 - the caller holds it for as long as the claim lasts
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.005)
         except BlockingIOError:
             handle.close()
             return None

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from experiments.reliability.errors import OutputDirError
-from fileio.locks import holder, try_lock, unlock, write_holder
+from fileio.locks import PROBE_S, holder, try_lock, unlock, write_holder
 
 _HELD: dict[str, IO[str]] = {}  # lock file -> its open handle, for as long as this process holds it
 
@@ -88,14 +88,15 @@ def release_run_locks() -> None:
 
 def in_use(run_dir: Path, claims: bool = True) -> str | None:
     """Who is using ``run_dir`` right now: a command holding its run lock or (``claims``) a sweep holding its
-    claim, named as its lock file says; None when nobody is. Only asks: nothing is held afterwards, and a lock
-    file is never created (a run without one is in use by nobody)."""
+    claim, named as its lock file says; None when nobody is. Only asks: it holds a lock for microseconds (a
+    command taking it meanwhile waits that out), and never creates a lock file (a run without one is in use by
+    nobody)."""
     paths = [lock_path(Path(run_dir))] + ([claim_path(Path(run_dir))] if claims else [])
     for path in paths:
         if not path.is_file():
             continue
         try:
-            handle = try_lock(path)
+            handle = try_lock(path, wait_s=PROBE_S)
         except OSError:  # unreadable: it cannot be told, so it is not claimed to be in use
             continue
         if handle is None:
