@@ -10,14 +10,22 @@ the data reaches the disk before the rename makes it visible, and the rename rea
 writer moves on, so a crash or a full disk never leaves a truncated file under the real name. Temp files
 are hidden (a leading dot), unique per process and call, and never end in the target's suffix, so nothing
 takes a half-written ``.ckpt`` or ``.npz`` for a finished one.
+
+A folder that is one result (a sharded checkpoint: a file per rank plus metadata) is written the same way:
+into :func:`temp_dir` beside it, then :func:`publish_dir` swaps it in with one rename (Linux's
+``renameat2(RENAME_EXCHANGE)`` when a folder is already there), so a reader sees the old folder or the new one,
+never a mix of their files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -87,6 +95,77 @@ def _publish_new(tmp: Path, path: Path) -> None:
             out.flush()
             os.fsync(out.fileno())
     tmp.unlink()
+
+
+PARTIAL_SUFFIX = ".partial"  # a folder still being written (or left by a killed writer): never read, never listed
+
+
+def temp_dir(path: str | Path, tag: str = "") -> Path:
+    """A fresh hidden folder name beside ``path`` for building it: ``.<name>.<tag or pid>.<random>.partial``.
+
+    Not created here: in a distributed save every rank writes into it, and one of them publishes it.
+    """
+    path = Path(path)
+    return path.with_name(f".{path.name}.{tag or os.getpid()}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}")
+
+
+def stale_temp_dirs(path: str | Path) -> list[Path]:
+    """The :func:`temp_dir` folders of ``path`` that are lying about (a writer was killed before publishing)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    return sorted(p for p in path.parent.glob(f".{path.name}.*{PARTIAL_SUFFIX}") if p.is_dir() and not p.is_symlink())
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps two existing paths in one atomic step (Linux ``renameat2``); False where the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM):
+        return False  # an old kernel, or a file system without the exchange: the caller falls back
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def publish_dir(tmp: str | Path, path: str | Path) -> None:
+    """Makes the finished folder ``tmp`` visible as ``path`` in one rename; the folder it replaces is removed.
+
+    When ``path`` exists, the two are exchanged atomically and the old one (now under ``tmp``'s name) deleted.
+    Without the exchange the old folder is moved aside first: a crash between the two renames then leaves the
+    previous folder at ``tmp``'s name plus ``.previous``, which :func:`previous_dir` finds. Stale temp folders
+    of ``path`` (killed writers) are removed too. Every rename is made durable before this returns.
+    """
+    tmp, path = Path(tmp), Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()  # a file (a single-process checkpoint of the same name) gives way to the folder
+    if not path.exists():
+        os.rename(tmp, path)
+    elif _exchange(tmp, path):
+        shutil.rmtree(tmp)  # the old folder, now under the temp name
+    else:
+        aside = tmp.with_name(tmp.name + ".previous")
+        os.rename(path, aside)
+        os.rename(tmp, path)
+        fsync_dir(path.parent)
+        shutil.rmtree(aside)
+    fsync_dir(path.parent)
+    for stale in stale_temp_dirs(path):
+        shutil.rmtree(stale, ignore_errors=True)
+    for aside in path.parent.glob(f".{path.name}.*{PARTIAL_SUFFIX}.previous"):
+        shutil.rmtree(aside, ignore_errors=True)  # a previous folder a crashed fallback left, now superseded
+
+
+def previous_dir(path: str | Path) -> Path | None:
+    """The previous folder of ``path`` that a crash inside :func:`publish_dir`'s fallback left aside (if any)."""
+    path = Path(path)
+    found = sorted(path.parent.glob(f".{path.name}.*{PARTIAL_SUFFIX}.previous"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found and not path.exists() else None
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

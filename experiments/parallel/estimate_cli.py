@@ -8,7 +8,7 @@ size (:mod:`experiments.parallel.memory`)::
 
     python -m experiments estimate -c configs/lm/olmo-1b.yaml --gpu-memory 80GB
     python -m experiments estimate -c configs/lm/olmo-1b.yaml \\
-        --trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy \\
+        --trainer.strategy=experiments.reliability.sharded.ModelParallelStrategy \\
         --trainer.strategy.init_args.data_parallel_size=8 --trainer.strategy.init_args.tensor_parallel_size=1
 """
 

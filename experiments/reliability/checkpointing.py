@@ -82,11 +82,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
 
 
+def written_at(path: Path) -> float:
+    """When a checkpoint was saved: a file's mtime; a sharded folder's ``meta.pt`` (its last file written), since
+    the folder's own time also moves when a reader adds the consolidated cache to it."""
+    meta = path / "meta.pt"
+    return meta.stat().st_mtime if path.is_dir() and meta.is_file() else path.stat().st_mtime
+
+
 def newest_readable(directory: Path, exclude: Path | None = None) -> Path | None:
     """The most recently written readable ``*.ckpt`` in ``directory`` (``exclude`` aside)."""
     if not directory.is_dir():
         return None
-    candidates = sorted(directory.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    candidates = sorted(directory.glob("*.ckpt"), key=written_at, reverse=True)
     for candidate in candidates:
         if exclude is not None and candidate.resolve() == exclude.resolve():
             continue
@@ -117,7 +124,7 @@ def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path, stage: str = "fit")
     if ckpt_path == "last":
         found = newest_readable(checkpoint_dir)
         broken = [p for p in checkpoint_dir.glob("*.ckpt") if checkpoint_problem(p)] if checkpoint_dir.is_dir() else []
-        newer_broken = [p for p in broken if found is None or p.stat().st_mtime > found.stat().st_mtime]
+        newer_broken = [p for p in broken if found is None or written_at(p) > written_at(found)]
         skipped = f" (skipped unreadable {', '.join(p.name for p in newer_broken)})" if newer_broken else ""
         if found is None and stage != "fit":
             raise CheckpointError(

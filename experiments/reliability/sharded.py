@@ -1,4 +1,5 @@
-"""Sharded (distributed) checkpoints: a folder per save, as ``ModelParallelStrategy`` writes it, read safely.
+"""Sharded (distributed) checkpoints: a folder per save, as ``ModelParallelStrategy`` writes it, written
+atomically and read safely.
 
     <name>.ckpt/                    ModelParallelStrategy(save_distributed_checkpoint=True)
       __<rank>_0.distcp             each rank's shards of the weights and the optimizer state (raw bytes)
@@ -7,9 +8,15 @@
       consolidated.ckpt (+ .json)   the suite's cache: the same checkpoint as one file (made on first read)
 
 A save is complete when both ``.metadata`` and ``meta.pt`` exist (Lightning writes ``meta.pt`` after every
-rank's shards). ``.metadata`` is a pickle, which torch reads with plain ``pickle.load``: the suite unpickles it
-first with an allow-list of the checkpoint format's own classes, so a hostile folder is refused before torch
-(or Lightning, when it resumes) unpickles anything.
+rank's shards). Lightning writes them into the folder in place, over the previous save's files, so a kill or a
+full disk in the middle would leave one folder mixing two saves. The suite's :class:`ModelParallelStrategy`
+(``configs/trainer/fsdp2.yaml``) has every rank write into a hidden ``.<name>.save.<random>.partial`` folder
+beside it instead; when every rank has written, rank 0 swaps it in with one rename (:func:`fileio.publish_dir`).
+``--ckpt_path last`` never sees a partial folder (it is not a ``*.ckpt``), and the next save removes it.
+
+``.metadata`` is a pickle, which torch reads with plain ``pickle.load``: the suite unpickles it first with an allow-
+list of the checkpoint format's own classes, so a hostile folder is refused before torch (or Lightning, when it
+resumes) unpickles anything.
 
 Consolidation gathers the weights, and only the weights, into one file in the single-process layout
 (``experiments.parallel.packed``): every command that reads checkpoints (test, evaluate, lm-eval, export,
@@ -19,17 +26,22 @@ made from and is made again when they change, so it is never silently stale.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch import strategies
+from torch.distributed.checkpoint.api import CheckpointException
 
 from experiments.parallel.packed import unpack_state_dict
-from experiments.reliability.errors import CheckpointError
-from fileio import atomic_file, atomic_write_json
+from experiments.reliability.errors import CheckpointError, free_space_note
+from fileio import atomic_file, atomic_write_json, publish_dir, temp_dir
 
 METADATA, META = ".metadata", "meta.pt"
 CACHE, STAMP = "consolidated.ckpt", "consolidated.json"
@@ -161,3 +173,77 @@ def consolidated(path: str | Path) -> Path:
         consolidate(path, cache)
         atomic_write_json(stamp_file, stamp)
     return cache
+
+
+class ModelParallelStrategy(strategies.ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` whose sharded saves replace the previous folder in one step.
+
+    Every rank writes its shards (and rank 0 ``meta.pt``) into one hidden temp folder beside the target; the
+    ranks then agree that all of them succeeded, and rank 0 publishes the folder (module docstring). When any
+    rank fails (a full disk, a read-only folder) the temp folder is removed on every rank's word, the previous
+    checkpoint stays as it was, and each rank raises the same one-line :class:`CheckpointError`, the first
+    rank's ``OSError`` chained to it (so the CLI names the run directory and its free space). Single-file saves
+    (``save_distributed_checkpoint: false``) are Lightning's, through the suite's atomic checkpoint IO.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(str(filepath)))
+        partial = Path(self.broadcast(str(temp_dir(path, tag="save"))))  # one folder for every rank
+        failure: BaseException | None = None
+        try:
+            super().save_checkpoint(checkpoint, partial, storage_options)
+        except (Exception, CheckpointException) as err:  # every rank must reach the vote below, or the rest wait
+            failure = err
+        if not self.reduce_boolean_decision(failure is None, all=True):
+            if self.global_rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            cause = _os_error(failure) or _full_disk(path.parent)
+            why = f"{cause.strerror or cause}{free_space_note(path.parent)}" if cause else _first_failure(failure)
+            raise CheckpointError(
+                f"could not write sharded checkpoint {path}: {why}; the previous checkpoint is untouched"
+            ) from (cause or failure)
+        if self.global_rank == 0:
+            publish_dir(partial, path)
+        self.barrier("sharded checkpoint published")
+
+
+def _full_disk(folder: Path) -> OSError | None:
+    """ENOSPC when ``folder``'s file system has (next to) no space left: torch's shard writer reports a write that
+    ran out of space as a ``RuntimeError`` of its zip writer ("unexpected pos ..."), the space left tells."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)) if free < 1 << 20 else None
+
+
+def _first_failure(err: BaseException | None) -> str:
+    """The first line of the failure (a rank's own, for torch's ``CheckpointException``), or "another rank"."""
+    if err is None:
+        return "another rank failed"
+    for rank, failure in sorted(getattr(err, "failures", {}).items()):
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        return f"rank {rank}: {_line(inner)}"
+    return _line(err)
+
+
+def _line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The ``OSError`` behind a failed save (torch's ``CheckpointException`` holds each rank's failure)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError):
+            return err
+        for failure in getattr(err, "failures", {}).values():  # {rank: exception or (exception, traceback)}
+            found = _os_error(failure[0] if isinstance(failure, tuple) else failure)
+            if found is not None:
+                return found
+        err = err.__cause__ or err.__context__
+    return None
