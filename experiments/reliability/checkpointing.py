@@ -42,7 +42,7 @@ from experiments.reliability.errors import CheckpointError
 from experiments.reliability.layout import trainer_run_dir
 from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
 from experiments.reliability.sharded import sharded_view
-from fileio import atomic_file
+from fileio import atomic_file, previous_dir
 
 INTERRUPTED_NAME = "interrupted.ckpt"
 LIGHTNING_KEYWORDS = ("best", "hpc")  # ckpt_path values Lightning resolves itself
@@ -89,11 +89,18 @@ def written_at(path: Path) -> float:
     return meta.stat().st_mtime if path.is_dir() and meta.is_file() else path.stat().st_mtime
 
 
+def _target_of(aside: Path) -> Path:
+    """``.<name>.save.<random>.partial.previous`` -> ``<name>``."""
+    return aside.with_name(aside.name[1:].split(".save.")[0])
+
+
 def newest_readable(directory: Path, exclude: Path | None = None) -> Path | None:
     """The most recently written readable ``*.ckpt`` in ``directory`` (``exclude`` aside)."""
     if not directory.is_dir():
         return None
-    candidates = sorted(directory.glob("*.ckpt"), key=written_at, reverse=True)
+    # (a sharded save's two-rename fallback killed between its renames leaves the previous folder aside)
+    aside = [p for p in directory.glob(".*.ckpt.*.partial.previous") if previous_dir(_target_of(p)) == p]
+    candidates = sorted([*directory.glob("*.ckpt"), *aside], key=written_at, reverse=True)
     for candidate in candidates:
         if exclude is not None and candidate.resolve() == exclude.resolve():
             continue

@@ -354,3 +354,22 @@ def test_ema_is_part_of_the_state_dict_and_frozen():
     module.setup("fit")
     assert not any(p.requires_grad for p in module.ema.parameters())  # DDP must not wait for EMA gradients
     assert all(p.requires_grad for p in module.net.parameters())
+
+
+def test_last_takes_a_sharded_folder_a_killed_two_rename_publish_left_aside(tmp_path: Path, monkeypatch):
+    """Where the file system cannot exchange two folders, a save renames the old one aside first; killed between
+    its two renames, the previous checkpoint is only there, and ``--ckpt_path last`` still finds it."""
+    import experiments.reliability.checkpointing as checkpointing
+    from experiments.reliability.checkpointing import newest_readable
+
+    monkeypatch.setattr(checkpointing, "checkpoint_problem", lambda path: None)  # (any folder reads, here)
+    older = tmp_path / "epoch=0-step=2.ckpt"
+    older.mkdir()
+    (older / "meta.pt").write_bytes(b"")
+    aside = tmp_path / ".last.ckpt.save.0a1b2c3d.partial.previous"
+    aside.mkdir()
+    time.sleep(0.01)
+    (aside / "meta.pt").write_bytes(b"")
+    assert newest_readable(tmp_path) == aside
+    (tmp_path / "last.ckpt").mkdir()  # once last.ckpt is back, the aside folder is no candidate
+    assert newest_readable(tmp_path) != aside
