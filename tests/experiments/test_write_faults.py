@@ -166,3 +166,58 @@ def test_a_full_disk_inside_a_sharded_save_is_one_line_and_the_previous_folder_s
     assert not list(ckpts.glob(".*.partial"))  # the failed save's temp folder is gone
     filler.unlink()  # room for the consolidated copy a read makes
     assert sharded_problem(newest) is None and load_checkpoint(newest)["global_step"] >= 2
+
+
+#################################################################################
+#                    Read-only places: the run directory, HOME                  #
+#################################################################################
+
+
+def read_only_mount(path: Path, tmpfs: bool = False) -> None:
+    """Makes ``path`` read-only for root too (a read-only bind mount, or a fresh read-only tmpfs); or skips."""
+    steps = (
+        [["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)]]
+        if tmpfs
+        else [["mount", "--bind", str(path), str(path)], ["mount", "-o", "remount,bind,ro", str(path)]]
+    )
+    for step in steps:
+        try:
+            subprocess.run(step, check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as err:
+            reason = getattr(err, "stderr", b"") or str(err).encode()
+            pytest.skip(f"cannot mount read-only here: {reason.decode().strip()[:200]}")
+
+
+def test_a_read_only_run_directory_is_refused_before_training_and_a_read_only_home_is_not_needed(tmp_path, corpus):
+    runs = tmp_path / "runs"
+    first = subprocess.run([sys.executable, "-m", "experiments", *fit(runs, corpus, steps=2)], cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = run_dir(runs)
+    before = digest(run)
+    read_only_mount(run)
+    try:
+        for sub in ("fit", "test"):
+            argv = [sub, *fit(runs, corpus, steps=4)[1:], "--ckpt_path=last"]
+            done = subprocess.run([sys.executable, "-m", "experiments", *argv], cwd=ROOT, env=ENV,
+                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+            (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+            assert line == f"error: cannot write to run directory {run}: Read-only file system", line
+            assert "Trainer.fit" not in done.stderr and "Restoring" not in done.stderr  # refused before any work
+    finally:
+        subprocess.run(["umount", str(run)], check=False, capture_output=True)
+    assert digest(run) == before
+    # HOME on a read-only file system: the suite keeps nothing there (data, caches and runs are where the config
+    # says), so a fit trains and finishes.
+    home = tmp_path / "home"
+    home.mkdir()
+    read_only_mount(home, tmpfs=True)
+    try:
+        argv = [*fit(tmp_path / "other", corpus, steps=2)]
+        done = subprocess.run([sys.executable, "-m", "experiments", *argv], cwd=ROOT, env={**ENV, "HOME": str(home)},
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads((run_dir(tmp_path / "other") / "summary.json").read_text())["status"] == "finished"
+    finally:
+        subprocess.run(["umount", str(home)], check=False, capture_output=True)
