@@ -340,10 +340,17 @@ class SuiteCLI(LightningCLI):
             raise SuiteError(f"--hparams_columns: {unknown[0]!r} is not an HPARAMS column; valid: {', '.join(valid)}")
         self.model.hparams_shown = list(shown)
 
+    def _set_changed_on_resume(self) -> None:
+        """Hands the run's ``changed_on_resume`` (``--resume_with_changes``) to the task: its HPARAMS row says it."""
+        changes = self.config[self.subcommand].get("changed_on_resume")
+        if changes:
+            self.model.changed_on_resume = list(changes)
+
     def _before_subcommand(self) -> None:
         self._check_ckpt_path()
         self._check_outputs()
         self._set_hparams_columns()
+        self._set_changed_on_resume()
 
     before_fit = before_validate = before_test = before_predict = _before_subcommand
 

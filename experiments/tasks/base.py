@@ -113,12 +113,14 @@ class TaskModule(L.LightningModule):
 
     def shown_hparams_columns(self) -> dict[str, Any]:
         """:meth:`hparams_columns`, cut to ``--hparams_columns`` when given (set as ``hparams_shown`` by the CLI;
-        a sweep names the axes its grid varies), the scheme always first."""
+        a sweep names the axes its grid varies), the scheme always first; after a ``--resume_with_changes``
+        resume, a ``changed_on_resume`` column lists the changes (old -> new), as the run's config.yaml does."""
         columns = self.hparams_columns()
         shown = getattr(self, "hparams_shown", None)
-        if not shown:
-            return columns
-        return {name: value for name, value in columns.items() if name == "norm_scheme" or name in shown}
+        if shown:
+            columns = {name: value for name, value in columns.items() if name == "norm_scheme" or name in shown}
+        changed = getattr(self, "changed_on_resume", None)  # set by the CLI after a --resume_with_changes resume
+        return {**columns, "changed_on_resume": "; ".join(changed)} if changed else columns
 
     def hparams_metrics(self) -> list[str]:
         """Metric columns of the HPARAMS tab: the key metric, its test counterpart, ``test/loss``, ``test_metrics``."""

@@ -75,3 +75,22 @@ def test_a_longer_budget_resumes_silently_and_changes_resume_on_request(stopped,
     assert saved["changed_on_resume"] == ["model.init_args.optim.lr: 0.002 -> 0.05"]
     assert saved["resume_with_changes"] is False  # a rerun of config.yaml asks again
     assert (run / "config.before-resume-1.yaml").read_bytes() == old
+
+
+def test_tensorboard_hparams_of_a_resume_with_changes_name_the_changes(stopped, tmp_path, corpus):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    runs = tmp_path / "runs"
+    shutil.copytree(stopped, runs)
+    run = runs / "lm" / "tiny" / "pre"
+    before = {p.name for p in run.glob("events.out.tfevents.*")}
+    main(fit_args(runs, corpus, "--trainer.max_steps=4", "--ckpt_path=last", "--model.init_args.optim.lr=0.05",
+                  "--resume_with_changes"))  # fmt: skip
+    (resumed,) = [p for p in run.glob("events.out.tfevents.*") if p.name not in before]
+    events = EventAccumulator(str(resumed), size_guidance={"tensors": 0})
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    row = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert row["changed_on_resume"].string_value == "model.init_args.optim.lr: 0.002 -> 0.05"
+    assert row["norm_scheme"].string_value == "pre"
