@@ -4,6 +4,8 @@
                 fsync, rename over it, fsync the directory; a folder built beside its target and swapped in
     checks.py   the input checks every command shares: a finite number from a string, a new file, an output
                 directory, a JSON file of an expected shape, UTF-8 text; one-line InputError (a ValueError)
+    locks.py    an exclusive claim on an output (an flock the kernel releases when its holder exits, however it
+                exits) and who holds it, for a second command to name
 
 Belongs here: file handling every other package repeats. Plain Python (and the standard library): it imports
 nothing of ``models``, ``datamodules`` or ``experiments``, so each of them can use it.
