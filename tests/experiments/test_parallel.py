@@ -60,7 +60,7 @@ ELSEWHERE = ("--ckpt_path=last", "--resume_with_changes")
 
 def strategy(dp: int, tp: int) -> list[str]:
     return [
-        "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy",
+        "--trainer.strategy=experiments.reliability.sharded.ModelParallelStrategy",
         f"--trainer.strategy.data_parallel_size={dp}", f"--trainer.strategy.tensor_parallel_size={tp}",
         f"--trainer.devices={dp * tp}",
     ]  # fmt: skip
@@ -138,7 +138,10 @@ def ran(tmp_path_factory, corpus) -> dict:
     """Every multi-process run of this file, and the one-process runs they are held to: made once per session even
     when xdist hands this file's tests to two workers (the first builds under a lock, the other reads its record).
     Tests that write copy what they change (the runs are shared)."""
-    shared = tmp_path_factory.getbasetemp().parent  # the same for every xdist worker of this session
+    base = tmp_path_factory.getbasetemp()
+    # xdist: each worker's basetemp lies in the session's folder, which they share; one process (-n 0): the
+    # basetemp is the session's own (its parent holds every earlier session, whose record must not be read)
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     with FileLock(str(shared / "parallel.lock")):
         record = shared / "parallel.json"
         if record.is_file():
