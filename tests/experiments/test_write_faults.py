@@ -25,7 +25,7 @@ from experiments.reliability.sharded import sharded_problem
 from tests.experiments.kill_inside_write import digest
 from tests.experiments.tiny import tiny_lm
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+pytestmark = pytest.mark.slow  # one suite process at a time per test: no need to keep it apart from the others
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLER = ROOT / "tests" / "experiments" / "kill_inside_write.py"
