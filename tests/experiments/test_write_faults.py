@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.__main__ import main
 from experiments.reliability.checkpointing import resolve_checkpoint
 from experiments.reliability.safe_load import load_checkpoint
 from experiments.reliability.sharded import sharded_problem
@@ -196,23 +197,21 @@ def read_only_mount(path: Path, tmpfs: bool = False) -> None:
             pytest.skip(f"cannot mount read-only here: {reason.decode().strip()[:200]}")
 
 
-def test_a_read_only_run_directory_is_refused_before_training(tmp_path, corpus):
+def test_a_read_only_run_directory_is_refused_before_training(tmp_path, corpus, capsys):
     runs = tmp_path / "runs"
-    first = subprocess.run([sys.executable, "-m", "experiments", *fit(runs, corpus, steps=2)], cwd=ROOT, env=ENV,
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
+    main(fit(runs, corpus, steps=2))
     run = run_dir(runs)
     before = digest(run)
     read_only_mount(run)
     try:
-        for sub in ("fit", "test"):
-            argv = [sub, *fit(runs, corpus, steps=4)[1:], "--ckpt_path=last"]
-            done = subprocess.run([sys.executable, "-m", "experiments", *argv], cwd=ROOT, env=ENV,
-                                  capture_output=True, text=True, timeout=600)  # fmt: skip
-            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-            (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+        for sub in ("fit", "test"):  # (in this process: a refusal needs no fresh interpreter)
+            with pytest.raises(SystemExit) as exit_info:
+                main([sub, *fit(runs, corpus, steps=4)[1:], "--ckpt_path=last"])
+            err = capsys.readouterr().err
+            assert exit_info.value.code == 2 and "Traceback" not in err, err[-3000:]
+            (line,) = [x for x in err.splitlines() if x.startswith("error:")]
             assert line == f"error: cannot write to run directory {run}: Read-only file system", line
-            assert "Trainer.fit" not in done.stderr and "Restoring" not in done.stderr  # refused before any work
+            assert "Trainer.fit" not in err and "Restoring" not in err  # refused before any work
     finally:
         subprocess.run(["umount", str(run)], check=False, capture_output=True)
     assert digest(run) == before
