@@ -89,6 +89,26 @@ def holder(path: str | Path) -> str:
     return "another process"
 
 
+def claim_output(out: str | Path, lock_name: str, command: str, when_done: str) -> IO[str]:
+    """Takes the lock ``out/lock_name`` for ``command`` (a tool writing ``--out``) and records it as the holder.
+
+    Raises:
+        InputError: another process holds it: one line naming the holder and what to do (``when_done``: what
+            the same command finds once the holder has ended), nothing changed.
+    """
+    from fileio.checks import InputError
+
+    path = Path(out) / lock_name
+    handle = try_lock(path)
+    if handle is None:
+        raise InputError(
+            f"--out {str(out)!r} is being written by {holder(path)} (command line); valid: wait for it to end "
+            f"(the same command then {when_done}), stop it, or another --out"
+        )
+    write_holder(handle, command)
+    return handle
+
+
 def unlock(handle: IO[str], remove: bool = False) -> None:
     """Ends the claim; ``remove``: the lock file is deleted first, while it is still held."""
     if remove:

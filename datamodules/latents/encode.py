@@ -57,7 +57,7 @@ from datamodules.latents.cache import (
     read_latent_meta,
 )
 from fileio import InputError, atomic_write_json, output_dir
-from fileio.locks import holder, try_lock, unlock, write_holder
+from fileio.locks import claim_output, unlock
 from models.vae import load_vae
 
 # Settings a rerun must share with an existing cache for it to be reused.
@@ -314,14 +314,7 @@ def lock_out(out: Path) -> IO[str]:
     Raises:
         ValueError: another encoding holds it (one line naming it); nothing is changed.
     """
-    handle = try_lock(out / LOCK_FILE)
-    if handle is None:
-        raise ValueError(
-            f"--out {str(out)!r} is being written by {holder(out / LOCK_FILE)} (command line); valid: wait for it "
-            "to end (the same command then finds the cache), stop it, or another --out"
-        )
-    write_holder(handle, "latents.encode")
-    return handle
+    return claim_output(out, LOCK_FILE, "latents.encode", "finds the cache")
 
 
 def encode(args: argparse.Namespace) -> int:

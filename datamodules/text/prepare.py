@@ -35,8 +35,8 @@ from datamodules.text.corpus import list_inputs
 from datamodules.text.pipeline import STATE_FILE, PrepareSpec, Stopped, prepare_corpus, spec_sha256
 from datamodules.text.shards import SHARD_TOKENS, check_fractions, has_shards, publish, read_meta, shard_dtype
 from datamodules.text.tokenizers import check_bpe_vocab_size
-from fileio.checks import number
-from fileio.locks import holder, try_lock, unlock, write_holder
+from fileio.checks import InputError, number
+from fileio.locks import claim_output, unlock
 
 STAGING = ".prepare"  # inside --out: the set being written and its state.json
 LOCK = ".prepare.lock"
@@ -148,14 +148,10 @@ def lock_out(out: Path) -> IO[str]:
     Raises:
         PrepareError: another preparation holds it (one line naming it); nothing is changed.
     """
-    handle = try_lock(out / LOCK)
-    if handle is None:
-        raise PrepareError(
-            f"--out {str(out)!r} is being written by {holder(out / LOCK)} (command line); valid: wait for it to end "
-            "(the same command then finds it done), stop it, or another --out"
-        )
-    write_holder(handle, "prepare_text")
-    return handle
+    try:
+        return claim_output(out, LOCK, "prepare_text", "finds it done")
+    except InputError as err:
+        raise PrepareError(str(err)) from None
 
 
 def release(lock: IO[str], out: Path, created: bool) -> None:
