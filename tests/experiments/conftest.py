@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,20 @@ def corpus(tmp_path_factory) -> tuple[Path, Path]:
     text = root / "corpus.txt"
     text.write_text("".join(pydoc_data.topics.topics.values())[:200_000])
     return text, root / "shards"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 64 MiB tmpfs to fill for real (needs the right to mount: root, as in CI containers); skipped with the
+    reason otherwise."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        reason = getattr(err, "stderr", b"") or str(err).encode()
+        pytest.skip(f"cannot mount a tmpfs here to fill a disk for real: {reason.decode().strip()[:200]}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -92,22 +91,6 @@ def test_ctrl_c_stops_test_after_the_current_batch(tmp_path: Path, corpus, capsy
 #################################################################################
 #                     A full disk during a checkpoint write                     #
 #################################################################################
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 64 MiB tmpfs (needs the right to mount: root, as in CI containers); skipped with the reason otherwise."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as err:
-        reason = getattr(err, "stderr", b"") or str(err).encode()
-        pytest.skip(f"cannot mount a tmpfs here to fill a disk for real: {reason.decode().strip()[:200]}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
 
 
 def fill_when(path: Path, disk: Path, done: threading.Event) -> None:

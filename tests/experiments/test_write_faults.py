@@ -127,22 +127,6 @@ def test_sigkill_inside_a_summary_write_keeps_the_previous_summary(tmp_path, cor
 #################################################################################
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 64 MiB tmpfs (needs the right to mount: root, as in CI containers); skipped with the reason otherwise."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as err:
-        reason = getattr(err, "stderr", b"") or str(err).encode()
-        pytest.skip(f"cannot mount a tmpfs here to fill a disk for real: {reason.decode().strip()[:200]}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
-
-
 def test_a_full_disk_inside_a_sharded_save_is_one_line_and_the_previous_folder_stands(small_disk, corpus):
     runs = small_disk / "runs"
     ckpts = run_dir(runs) / "checkpoints"
