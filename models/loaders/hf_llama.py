@@ -27,15 +27,25 @@ _LLAMA_SUPPORTED = (
     "mlp='swiglu', qk_norm=False, bias=False, dense, with Llama's eps, rope_theta, sizes and tying"
 )
 
-_LLAMA_RENAMES = (
-    (r"^model\.embed_tokens\.weight$", "embed.weight"),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.weight$", r"trunk.blocks.\1.attn_res.norm.weight"),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"trunk.blocks.\1.mlp_res.norm.weight"),
-    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.weight$", r"trunk.blocks.\1.attn.proj.weight"),
-    (r"^model\.layers\.(\d+)\.mlp\.down_proj\.weight$", r"trunk.blocks.\1.mlp.fc2.weight"),
-    (r"^model\.norm\.weight$", "trunk.readout.norm_f.weight"),
-    (r"^lm_head\.weight$", "head.weight"),
+# Llama's name <-> ours, {i} a block index: read in both directions (lm_from_llama, llama_from_lm).
+_LLAMA_NAMES = (
+    ("model.embed_tokens.weight", "embed.weight"),
+    ("model.layers.{i}.input_layernorm.weight", "trunk.blocks.{i}.attn_res.norm.weight"),
+    ("model.layers.{i}.post_attention_layernorm.weight", "trunk.blocks.{i}.mlp_res.norm.weight"),
+    ("model.layers.{i}.self_attn.o_proj.weight", "trunk.blocks.{i}.attn.proj.weight"),
+    ("model.layers.{i}.mlp.down_proj.weight", "trunk.blocks.{i}.mlp.fc2.weight"),
+    ("model.norm.weight", "trunk.readout.norm_f.weight"),
+    ("lm_head.weight", "head.weight"),
 )
+
+
+def _rule(source: str, target: str) -> tuple[str, str]:
+    """A rename rule (regex, replacement) from one name template to another."""
+    return "^" + re.escape(source).replace(r"\{i\}", r"(\d+)") + "$", target.replace("{i}", r"\1")
+
+
+_LLAMA_RENAMES = tuple(_rule(theirs, ours) for theirs, ours in _LLAMA_NAMES)
+_TO_LLAMA = tuple(_rule(ours, theirs) for theirs, ours in _LLAMA_NAMES)
 
 _LLAMA_FEATURES = (
     (r"_proj\.bias$", "projection biases (attention_bias / mlp_bias)"),
@@ -172,17 +182,6 @@ def lm_from_llama(llama: nn.Module, **trunk_overrides) -> LanguageModel:
         rope_base=(c.rope_parameters or {}).get("rope_theta", 10000.0),
     )
     return load_hf_llama(model, llama)
-
-
-_TO_LLAMA = (
-    (r"^embed\.weight$", "model.embed_tokens.weight"),
-    (r"^trunk\.blocks\.(\d+)\.attn_res\.norm\.weight$", r"model.layers.\1.input_layernorm.weight"),
-    (r"^trunk\.blocks\.(\d+)\.mlp_res\.norm\.weight$", r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"^trunk\.blocks\.(\d+)\.attn\.proj\.weight$", r"model.layers.\1.self_attn.o_proj.weight"),
-    (r"^trunk\.blocks\.(\d+)\.mlp\.fc2\.weight$", r"model.layers.\1.mlp.down_proj.weight"),
-    (r"^trunk\.readout\.norm_f\.weight$", "model.norm.weight"),
-    (r"^head\.weight$", "lm_head.weight"),
-)
 
 
 def llama_config(model: LanguageModel):
