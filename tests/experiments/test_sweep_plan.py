@@ -66,15 +66,16 @@ def build_on_meta(config, dataset: dict) -> torch.nn.Module:
 @pytest.mark.parametrize("path", SPECS)
 def test_every_run_of_every_shipped_spec_builds_on_the_meta_device(path: str, parser, monkeypatch):
     monkeypatch.chdir(ROOT)
-    seeded = ("--run_name=", "--seed_everything=", "--data.init_args.seed=")  # what only a seed changes
+    # what only a seed or the learning rate changes (the rate's way into the config is checked on the first one)
+    same_network = ("--run_name=", "--seed_everything=", "--data.init_args.seed=", "--model.init_args.optim.lr=")
     for spec in load_specs(path):
-        checked: dict[tuple[str, ...], int] = {}  # a run's argv without its seed -> the parameters it builds
+        checked: dict[tuple[str, ...], int] = {}  # a run's argv without its seed and lr -> the parameters it builds
         for run in grid(spec):
             argv = run.argv(spec, extra=run_extra_args(spec, run))[4:]
             est = estimate(spec, run)
-            network = tuple(a for a in argv if not a.startswith(seeded))
-            if network in checked:  # another seed of a run parsed and built below: the same network
-                assert est.params == checked[network], f"{path} {run.name(spec)}: a seed changed the network"
+            network = tuple(a for a in argv if not a.startswith(same_network))
+            if network in checked:  # another seed or lr of a run parsed and built below: the same network
+                assert est.params == checked[network], f"{path} {run.name(spec)}: a seed or lr changed the network"
                 continue
             config = parser.parse_args(argv)  # every key of every config, overlay and argument, as `fit` reads them
             checked[network] = est.params
