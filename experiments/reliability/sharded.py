@@ -196,11 +196,12 @@ class ModelParallelStrategy(strategies.ModelParallelStrategy):
             super().save_checkpoint(checkpoint, partial, storage_options)
         except (Exception, CheckpointException) as err:  # every rank must reach the vote below, or the rest wait
             failure = err
+        # (what failed is read before the partial folder goes: removing it gives back the space a full disk lacked)
+        cause = (_os_error(failure) or _full_disk(path.parent)) if failure is not None else None
+        why = f"{cause.strerror or cause}{free_space_note(path.parent)}" if cause else _first_failure(failure)
         if not self.reduce_boolean_decision(failure is None, all=True):
             if self.global_rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
-            cause = _os_error(failure) or _full_disk(path.parent)
-            why = f"{cause.strerror or cause}{free_space_note(path.parent)}" if cause else _first_failure(failure)
             raise CheckpointError(
                 f"could not write sharded checkpoint {path}: {why}; the previous checkpoint is untouched"
             ) from (cause or failure)
