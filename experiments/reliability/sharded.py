@@ -196,9 +196,10 @@ class ModelParallelStrategy(strategies.ModelParallelStrategy):
             super().save_checkpoint(checkpoint, partial, storage_options)
         except (Exception, CheckpointException) as err:  # every rank must reach the vote below, or the rest wait
             failure = err
-        # (what failed is read before the partial folder goes: removing it gives back the space a full disk lacked)
-        cause = (_os_error(failure) or _full_disk(path.parent)) if failure is not None else None
-        why = f"{cause.strerror or cause}{free_space_note(path.parent)}" if cause else _first_failure(failure)
+        cause, why = None, "another rank failed"
+        if failure is not None:  # read before the partial folder goes: removing it gives back what a full disk lacked
+            cause = _os_error(failure) or _full_disk(path.parent)
+            why = f"{cause.strerror or cause}{free_space_note(path.parent)}" if cause else _first_failure(failure)
         if not self.reduce_boolean_decision(failure is None, all=True):
             if self.global_rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
@@ -220,10 +221,8 @@ def _full_disk(folder: Path) -> OSError | None:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)) if free < 1 << 20 else None
 
 
-def _first_failure(err: BaseException | None) -> str:
-    """The first line of the failure (a rank's own, for torch's ``CheckpointException``), or "another rank"."""
-    if err is None:
-        return "another rank failed"
+def _first_failure(err: BaseException) -> str:
+    """The first line of the failure (a rank's own, for torch's ``CheckpointException``)."""
     for rank, failure in sorted(getattr(err, "failures", {}).items()):
         inner = failure[0] if isinstance(failure, tuple) else failure
         return f"rank {rank}: {_line(inner)}"
