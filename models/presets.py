@@ -81,6 +81,10 @@ _ALL: tuple[Task, ...] = ("lm", "vit", "dit")
 _PLAIN = "the task's trunk: the authors' method changes the placement only"
 _DYT_LLAMA = dict(norm_layer="dyt", dyt_alpha_rule="width", dyt_bias=False, learned_embed_scale=True, qk_norm=False)
 _DERF_GPT2 = dict(norm_layer="derf", dyt_alpha_init=1.0, learned_embed_scale=True, qk_norm=False)
+#: The same two ports with every alpha tuned for the tiny LM (width 128, below the width rule's table): an alpha sweep at
+#: lr 1e-2 (docs/schemes.md) finds both stalling at their authors' alpha and training from 4 up.
+_DYT_LLAMA_A8 = {**{k: v for k, v in _DYT_LLAMA.items() if k != "dyt_alpha_rule"}, "dyt_alpha_init": 8.0}
+_DERF_GPT2_A4 = {**_DERF_GPT2, "dyt_alpha_init": 4.0}
 _OLMO2_QK = dict(qk_norm=True, qk_norm_scope="full")
 
 #: Every shipped ``configs/norm/<name>.yaml`` and the recipe it carries (tests/models/test_recipes.py checks each
@@ -118,6 +122,12 @@ RECIPES: dict[str, Recipe] = {
                             dict(norm_scheme="pre", **_DYT_LLAMA), ("lm",)),
     "siamese-dyt-llama": Recipe("SiameseNorm with the DyT LLaMA port's recipe",
                                 dict(norm_scheme="siamese", **_DYT_LLAMA), ("lm",)),
+    "dyt-llama-a8": Recipe("the DyT LLaMA port's recipe with every alpha 8: the tiny LM's tuned value, not the authors'",
+                           _DYT_LLAMA_A8, ("lm",)),
+    "pre-dyt-llama-a8": Recipe("the DyT paper's LM with alpha tuned for the tiny LM (8)",
+                               dict(norm_scheme="pre", **_DYT_LLAMA_A8), ("lm",)),
+    "siamese-dyt-llama-a8": Recipe("SiameseNorm with the DyT LLaMA port's recipe, alpha tuned for the tiny LM (8)",
+                                   dict(norm_scheme="siamese", **_DYT_LLAMA_A8), ("lm",)),
     "pre-no-qk-norm": Recipe("the DyT / Derf LM ports' attention (no QK-norm) under RMSNorm Pre-Norm: their baseline",
                              dict(norm_scheme="pre", qk_norm=False), ("lm",)),
     "derf": Recipe("zlab-princeton/Derf (ViT, DiT-B): every norm Derf, alpha 0.5, s 0; DiT keeps adaLN-Zero",
@@ -126,6 +136,10 @@ RECIPES: dict[str, Recipe] = {
                         _DERF_GPT2, ("lm",)),
     "pre-derf-gpt2": Recipe("the Derf paper's LM: Pre-Norm with its GPT-2 port's recipe",
                             dict(norm_scheme="pre", **_DERF_GPT2), ("lm",)),
+    "derf-gpt2-a4": Recipe("the Derf GPT-2 port's recipe with every alpha 4: the tiny LM's tuned value, not the authors'",
+                           _DERF_GPT2_A4, ("lm",)),
+    "pre-derf-gpt2-a4": Recipe("the Derf paper's LM with alpha tuned for the tiny LM (4)",
+                               dict(norm_scheme="pre", **_DERF_GPT2_A4), ("lm",)),
 }
 # fmt: on
 

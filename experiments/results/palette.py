@@ -35,12 +35,17 @@ SCHEME_COLOURS: dict[str, str] = {
     "dyt-dit": "#fb8072",  # salmon
     "pre-dyt-llama": "#08306b",  # navy: pre's blue, darker
     "siamese-dyt-llama": "#00441b",  # dark green: siamese's green, darker
+    "dyt-llama-a8": "#80b1d3",  # pale steel: dyt-llama's family
+    "pre-dyt-llama-a8": "#4292c6",  # medium blue: the Pre-Norm family, DyT tuned
+    "siamese-dyt-llama-a8": "#41ab5d",  # medium green: siamese's family, DyT tuned
     "pre-dyt": "#4f9fd6",  # light blue: pre's blue, lighter (the ViT sweep's DyT cells)
     "siamese-dyt": "#7fc97f",  # light green: siamese's green, lighter
     "keel": "#a6761d",  # mustard
     "derf": "#e7298a",  # magenta
     "derf-gpt2": "#ce1256",  # crimson: derf's magenta, darker
     "pre-derf-gpt2": "#2166ac",  # steel blue: the Pre-Norm family
+    "derf-gpt2-a4": "#f768a1",  # pink: derf's family
+    "pre-derf-gpt2-a4": "#084594",  # deep blue: the Pre-Norm family, Derf tuned
     "mhc-v2": "#addd8e",  # pale olive: mhc's olive, lighter
     "pre-no-qk-norm": "#9ecae1",  # pale blue: Pre-Norm twins
     "pre-plain-init": "#3182bd",  # mid blue
