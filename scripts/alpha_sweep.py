@@ -48,8 +48,9 @@ def alpha_args(alpha: float) -> list[str]:
     return [f"--model.init_args.trunk.{k}={alpha:g}" for k in keys]
 
 
-def train(name: str, overlay: str, extra: list[str], experiment: str, lr: float, seed: int,
-          data_seed: int | None) -> Path:
+def train(
+    name: str, overlay: str, extra: list[str], experiment: str, lr: float, seed: int, data_seed: int | None
+) -> Path:
     run_dir = ROOT / "runs" / "lm" / experiment / name
     summary = run_dir / "summary.json"
     if summary.is_file() and read_json(summary, "run summary").get("status") in ("finished", "stalled"):
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = train(name, overlay, extra, experiment, args.lr, args.seed, args.data_seed)
         line, summary = row(name, alpha, run_dir)
         lines.append(line)
-        steps, losses = zip(*summary["train_curve"])
+        steps, losses = zip(*summary["train_curve"], strict=True)
         ax.plot(steps, losses, label=f"{name} (val {summary['final_val']['val/loss']:.3f})",
                 color="black" if name == "base" else None, linewidth=2 if name == "base" else 1.2)  # fmt: skip
     baseline = summary["baseline_loss"]

@@ -49,7 +49,8 @@ def test_a_run_above_the_stall_line_is_called_stalled(tmp_path: Path):
 
 @pytest.mark.parametrize("alphas", ["0,4", "port,x", "-2"])
 def test_a_bad_alpha_is_one_line_and_exit_2_before_any_run(alphas: str, tmp_path: Path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "alpha_sweep.py"), "--layer", "derf",
-                          f"--alphas={alphas}", "--out", str(tmp_path / "out")], capture_output=True, text=True)  # fmt: skip
+    command = [sys.executable, str(ROOT / "scripts" / "alpha_sweep.py"), "--layer", "derf", f"--alphas={alphas}",
+               "--out", str(tmp_path / "out")]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--alphas" in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
