@@ -8,9 +8,9 @@ Every run is ``python -m experiments fit`` on the zoo's settings (configs/sweeps
 ``--lr``, seed ``--seed``) with Diagnostics every 20 steps, into ``runs/lm/<layer>-alpha/``: ``base`` is Pre-Norm
 with RMSNorm and the ports' attention (configs/norm/pre-no-qk-norm.yaml), ``<layer>-port`` the port's own recipe
 (configs/norm/pre-dyt-llama.yaml: the width rule; pre-derf-gpt2.yaml: alpha 1.0), ``<layer>-a<alpha>`` the same
-with every alpha set to ``alpha``. A finished run is not trained again. Written to ``--out``: ``alpha.md`` (final
-losses, the residual stream's RMS after the last block and the saturated share of the point-wise inputs, |z| > 2, at
-steps 20 and 100) and ``curves.png`` (training loss per run).
+with every alpha set to ``alpha``. A finished run is not trained again. Written to ``--out`` (an existing table
+only with ``--overwrite``): ``alpha.md`` (final losses, the residual stream's RMS after the last block and the
+saturated share of the point-wise inputs, |z| > 2, at steps 20 and 100) and ``curves.png`` (training loss per run).
 
 The data module keeps its own sampling seed (1234) unless ``--data-seed`` is given; a sweep sets it to the run's
 seed (``--data.init_args.seed``), so a zoo run of the same cell and seed sees other batches and ends elsewhere
@@ -36,7 +36,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from experiments.reliability.errors import ArgumentParser, UsageExit  # noqa: E402
 from experiments.results.compare import status_of  # noqa: E402
 from experiments.results.runs import check_summary  # noqa: E402
-from fileio import atomic_file, atomic_write_text, read_json  # noqa: E402
+from experiments.sweeps.jobs import DONE  # noqa: E402
+from fileio import InputError, atomic_file, atomic_write_text, new_file, read_json  # noqa: E402
 
 CELL = {"dyt": "pre-dyt-llama", "derf": "pre-derf-gpt2"}
 STEPS = (20, 100)  # the Diagnostics steps the table reports
@@ -53,7 +54,7 @@ def train(
 ) -> Path:
     run_dir = ROOT / "runs" / "lm" / experiment / name
     summary = run_dir / "summary.json"
-    if summary.is_file() and read_json(summary, "run summary").get("status") in ("finished", "stalled"):
+    if summary.is_file() and read_json(summary, "run summary").get("status") in DONE:  # as a sweep skips it
         return run_dir
     command = [sys.executable, "-m", "experiments", "fit", "-c", "configs/lm/tiny.yaml", "-c", overlay,
                f"--seed_everything={seed}", "--trainer.max_steps=120", "--trainer.val_check_interval=60",
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data-seed", type=int, default=None, help="the data's sampling seed (a sweep's: --seed)")
     parser.add_argument("--out", type=Path, required=True, help="folder for alpha.md and curves.png")
+    parser.add_argument("--overwrite", action="store_true", help="replace alpha.md and curves.png in --out")
     args = parser.parse_args(argv)
     alphas = [a.strip() for a in args.alphas.split(",") if a.strip()]
     for a in alphas:
@@ -109,6 +111,10 @@ def main(argv: list[str] | None = None) -> None:
                     raise ValueError
             except ValueError:
                 parser.error(f"--alphas: {a!r} is not 'port' or a positive number")
+    try:  # before any training: an existing table is not replaced without --overwrite
+        md, png = (new_file(args.out / name, "--out", args.overwrite) for name in ("alpha.md", "curves.png"))
+    except InputError as e:
+        parser.error(str(e))
     experiment = f"{args.layer}-alpha"
     runs = [("base", "RMSNorm", "configs/norm/pre-no-qk-norm.yaml", [])]
     for a in alphas:
@@ -131,10 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     ax.set(xlabel="step", ylabel="training loss (nats/byte)",
            title=f"{args.layer} on the tiny LM: starting alpha (lr {args.lr:g}, seed {args.seed})")  # fmt: skip
     ax.legend(fontsize=8)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with atomic_file(args.out / "curves.png") as f:
+    with atomic_file(png) as f:
         fig.savefig(f, format="png", dpi=110)
-    atomic_write_text(args.out / "alpha.md", "\n".join(lines) + "\n")
+    atomic_write_text(md, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

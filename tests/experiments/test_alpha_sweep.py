@@ -54,3 +54,12 @@ def test_a_bad_alpha_is_one_line_and_exit_2_before_any_run(alphas: str, tmp_path
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--alphas" in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_table_is_not_replaced_without_overwrite(tmp_path: Path):
+    (tmp_path / "alpha.md").write_text("an earlier table\n")
+    command = [sys.executable, str(ROOT / "scripts" / "alpha_sweep.py"), "--layer", "dyt", "--out", str(tmp_path)]
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 2 and "--overwrite" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert (tmp_path / "alpha.md").read_text() == "an earlier table\n"
+    assert "training" not in out.stdout  # refused before the first run
