@@ -79,8 +79,11 @@ class Recipe:
 
 _ALL: tuple[Task, ...] = ("lm", "vit", "dit")
 _PLAIN = "the task's trunk: the authors' method changes the placement only"
-_DYT_LLAMA = dict(norm_layer="dyt", dyt_alpha_rule="width", dyt_bias=False, learned_embed_scale=True, qk_norm=False)
-_DERF_GPT2 = dict(norm_layer="derf", dyt_alpha_init=1.0, learned_embed_scale=True, qk_norm=False)
+#: The trunk DyT's LLaMA port and Derf's GPT-2 port share beyond the norm layer: no QK-norm, the token embedding
+#: times a learnable scalar starting at sqrt(d) (``pre-port-trunk`` is it under RMSNorm Pre-Norm: their baseline).
+_PORT_TRUNK = dict(learned_embed_scale=True, qk_norm=False)
+_DYT_LLAMA = dict(norm_layer="dyt", dyt_alpha_rule="width", dyt_bias=False, **_PORT_TRUNK)
+_DERF_GPT2 = dict(norm_layer="derf", dyt_alpha_init=1.0, **_PORT_TRUNK)
 #: The same two ports with every alpha tuned for the tiny LM (width 128, below the width rule's table): an alpha sweep at
 #: lr 1e-2 (docs/schemes.md) finds both stalling at their authors' alpha and training from 4 up.
 _DYT_LLAMA_A8 = {**{k: v for k, v in _DYT_LLAMA.items() if k != "dyt_alpha_rule"}, "dyt_alpha_init": 8.0}
@@ -89,7 +92,8 @@ _OLMO2_QK = dict(qk_norm=True, qk_norm_scope="full")
 
 #: Every shipped ``configs/norm/<name>.yaml`` and the recipe it carries (tests/models/test_recipes.py checks each
 #: overlay's resolved trunk against it). A scheme overlay of a recipe that changes a trunk option has a Pre-Norm
-#: twin with the same option (``pre-qk-full``, ``pre-plain-init``), so a table isolates the placement.
+#: twin with the same option (``pre-qk-full``, ``pre-plain-init``), and a norm-layer port's trunk options have an RMSNorm
+#: Pre-Norm twin (``pre-port-trunk``), so a table isolates the placement or the layer.
 # fmt: off
 RECIPES: dict[str, Recipe] = {
     **{name: Recipe(_PLAIN) for name in ("pre", "post", "peri", "deepnorm", "mixln", "hybrid", "resi_dual",
@@ -128,8 +132,12 @@ RECIPES: dict[str, Recipe] = {
                                dict(norm_scheme="pre", **_DYT_LLAMA_A8), ("lm",)),
     "siamese-dyt-llama-a8": Recipe("SiameseNorm with the DyT LLaMA port's recipe, alpha tuned for the tiny LM (8)",
                                    dict(norm_scheme="siamese", **_DYT_LLAMA_A8), ("lm",)),
-    "pre-no-qk-norm": Recipe("the DyT / Derf LM ports' attention (no QK-norm) under RMSNorm Pre-Norm: their baseline",
+    "pre-no-qk-norm": Recipe("the DyT / Derf LM ports' attention (no QK-norm) under RMSNorm Pre-Norm",
                              dict(norm_scheme="pre", qk_norm=False), ("lm",)),
+    "pre-port-trunk": Recipe("the DyT / Derf LM ports' trunk (no QK-norm, learnable sqrt(d) embedding scale) under "
+                             "RMSNorm Pre-Norm: their baseline", dict(norm_scheme="pre", **_PORT_TRUNK), ("lm",)),
+    "siamese-port-trunk": Recipe("the DyT LLaMA port's trunk under RMSNorm SiameseNorm: siamese-dyt-llama's baseline",
+                                 dict(norm_scheme="siamese", **_PORT_TRUNK), ("lm",)),
     "derf": Recipe("zlab-princeton/Derf (ViT, DiT-B): every norm Derf, alpha 0.5, s 0; DiT keeps adaLN-Zero",
                    dict(norm_layer="derf")),
     "derf-gpt2": Recipe("zlab-princeton/Derf language model/ (nanoGPT): alpha 1.0, shared_scale sqrt(d), no QK-norm",

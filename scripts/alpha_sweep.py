@@ -3,25 +3,27 @@ the loss curves.
 
     python scripts/alpha_sweep.py --layer derf --alphas port,2,4,8,16 --out docs/results/derf-alpha
     python scripts/alpha_sweep.py --layer dyt --alphas port,2,4,8,16 --out docs/results/dyt-alpha
+    python scripts/alpha_sweep.py --layer dyt --lr 0.05 --alphas port,4,8,16,32 --out docs/results/dyt-alpha-lr0.05
 
-Every run is ``python -m experiments fit`` on the zoo's settings (configs/sweeps/zoo.yaml: 120 steps, warm-up 12,
-``--lr``, seed ``--seed``) with Diagnostics every 20 steps, into ``runs/lm/<layer>-alpha/``: ``base`` is Pre-Norm
-with RMSNorm and the ports' attention (configs/norm/pre-no-qk-norm.yaml), ``<layer>-port`` the port's own recipe
-(configs/norm/pre-dyt-llama.yaml: the width rule; pre-derf-gpt2.yaml: alpha 1.0), ``<layer>-a<alpha>`` the same
-with every alpha set to ``alpha``. A finished run is not trained again. Written to ``--out`` (an existing table
-only with ``--overwrite``): ``alpha.md`` (final losses, the residual stream's RMS after the last block and the
-saturated share of the point-wise inputs, |z| > 2, at steps 20 and 100) and ``curves.png`` (training loss per run).
-
-The data module keeps its own sampling seed (1234) unless ``--data-seed`` is given; a sweep sets it to the run's
-seed (``--data.init_args.seed``), so a zoo run of the same cell and seed sees other batches and ends elsewhere
-(pre-no-qk-norm, seed 1, lr 1e-2: val 2.264 here, 2.169 in the zoo). The tables in docs/results/{dyt,derf}-alpha
-were made without it.
+Every run is ``python -m experiments fit`` as the zoo trains its cells (configs/sweeps/zoo.yaml: its configs and
+``args``, 120 steps, warm-up 12, Diagnostics every 25 steps; ``--lr``; seed ``--seed``, which also sets the data's
+sampling order, as a sweep's seed does; one thread per run, ``--parallel`` at once), into
+``runs/lm/alpha-lr<lr>-s<seed>/`` (DyT and Derf share it and its ``base``). ``base`` is RMSNorm Pre-Norm on the
+ports' trunk (configs/norm/pre-port-trunk.yaml: no QK-norm, learnable sqrt(d) embedding scale), ``<layer>-port`` the
+port's own recipe (configs/norm/pre-dyt-llama.yaml: the width rule; pre-derf-gpt2.yaml: alpha 1.0), ``<layer>-a<alpha>``
+the same with every alpha set to ``alpha``; ``base`` and the tuned alphas are thus the zoo's own runs of
+pre-port-trunk and pre-dyt-llama-a8 / pre-derf-gpt2-a4 at that rate and seed. A finished run is not trained again.
+Written to ``--out`` (an existing table only with ``--overwrite``): ``alpha.md`` (final losses, the residual stream's
+RMS after the last block and the saturated share of the point-wise inputs, |z| > 2, at steps 25 and 100) and
+``curves.png`` (training loss per run).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,10 +39,12 @@ from experiments.reliability.errors import ArgumentParser, UsageExit  # noqa: E4
 from experiments.results.compare import status_of  # noqa: E402
 from experiments.results.runs import check_summary  # noqa: E402
 from experiments.sweeps.jobs import DONE  # noqa: E402
+from experiments.sweeps.spec import SweepSpec  # noqa: E402
 from fileio import InputError, atomic_file, atomic_write_text, new_file, read_json  # noqa: E402
 
 CELL = {"dyt": "pre-dyt-llama", "derf": "pre-derf-gpt2"}
-STEPS = (20, 100)  # the Diagnostics steps the table reports
+ZOO = ROOT / "configs" / "sweeps" / "zoo.yaml"
+STEPS = (25, 100)  # the Diagnostics steps the table reports (the zoo's Diagnostics run every 25)
 
 
 def alpha_args(alpha: float) -> list[str]:
@@ -49,23 +53,20 @@ def alpha_args(alpha: float) -> list[str]:
     return [f"--model.init_args.trunk.{k}={alpha:g}" for k in keys]
 
 
-def train(
-    name: str, overlay: str, extra: list[str], experiment: str, lr: float, seed: int, data_seed: int | None
-) -> Path:
+def train(name: str, overlay: str, extra: list[str], experiment: str, lr: float, seed: int, threads: int) -> Path:
+    """One run as the zoo trains it (its configs and args; the seed sets the data order too), unless it finished."""
     run_dir = ROOT / "runs" / "lm" / experiment / name
     summary = run_dir / "summary.json"
     if summary.is_file() and read_json(summary, "run summary").get("status") in DONE:  # as a sweep skips it
         return run_dir
-    command = [sys.executable, "-m", "experiments", "fit", "-c", "configs/lm/tiny.yaml", "-c", overlay,
-               f"--seed_everything={seed}", "--trainer.max_steps=120", "--trainer.val_check_interval=60",
-               "--model.init_args.optim.warmup_steps=12", f"--model.init_args.optim.lr={lr:g}",
-               "--trainer.callbacks+=experiments.monitoring.diagnostics.Diagnostics",
-               "--trainer.callbacks.every_n_steps=20", "--trainer.enable_progress_bar=false",
-               f"--experiment={experiment}", f"--run_name={name}", *extra]  # fmt: skip
-    if data_seed is not None:
-        command.append(f"--data.init_args.seed={data_seed}")
+    zoo = SweepSpec.load(str(ZOO))
+    command = [sys.executable, "-m", "experiments", "fit", *(a for c in [*zoo.configs, overlay] for a in ("-c", c)),
+               f"--experiment={experiment}", f"--run_name={name}", f"--model.init_args.optim.lr={lr}",
+               f"--seed_everything={seed}", f"--data.init_args.seed={seed}", *extra, *zoo.args,
+               "--trainer.enable_progress_bar=false"]  # fmt: skip
     print(f"training {name} ...", flush=True)
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
     return run_dir
 
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--alphas", default="port,2,4,8,16", help="comma-separated: port (the recipe's) or numbers")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--data-seed", type=int, default=None, help="the data's sampling seed (a sweep's: --seed)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each, as the zoo's)")
     parser.add_argument("--out", type=Path, required=True, help="folder for alpha.md and curves.png")
     parser.add_argument("--overwrite", action="store_true", help="replace alpha.md and curves.png in --out")
     args = parser.parse_args(argv)
@@ -115,8 +116,10 @@ def main(argv: list[str] | None = None) -> None:
         md, png = (new_file(args.out / name, "--out", args.overwrite) for name in ("alpha.md", "curves.png"))
     except InputError as e:
         parser.error(str(e))
-    experiment = f"{args.layer}-alpha"
-    runs = [("base", "RMSNorm", "configs/norm/pre-no-qk-norm.yaml", [])]
+    if args.parallel < 1:
+        parser.error(f"--parallel={args.parallel}; valid: an integer >= 1")
+    experiment = f"alpha-lr{args.lr:g}-s{args.seed}"  # the two layers share its base run
+    runs = [("base", "RMSNorm", "configs/norm/pre-port-trunk.yaml", [])]
     for a in alphas:
         overlay = f"configs/norm/{CELL[args.layer]}.yaml"
         runs.append((f"{args.layer}-{a}" if a == "port" else f"{args.layer}-a{a}", "recipe" if a == "port" else a,
@@ -125,8 +128,10 @@ def main(argv: list[str] | None = None) -> None:
              f"{STEPS[0]} -> {STEPS[1]} | saturated share (\\|z\\| > 2), MLP-site norms | the same, final norm |",
              "| --- | --- | ---: | ---: | --- | --- | --- | --- |"]  # fmt: skip
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, alpha, overlay, extra in runs:
-        run_dir = train(name, overlay, extra, experiment, args.lr, args.seed, args.data_seed)
+    threads = max(1, (os.cpu_count() or 1) // args.parallel)
+    with ThreadPoolExecutor(args.parallel) as pool:  # each a subprocess: the threads only wait
+        run_dirs = list(pool.map(lambda r: train(r[0], r[2], r[3], experiment, args.lr, args.seed, threads), runs))
+    for (name, alpha, _, _), run_dir in zip(runs, run_dirs, strict=True):
         line, summary = row(name, alpha, run_dir)
         lines.append(line)
         steps, losses = zip(*summary["train_curve"], strict=True)

@@ -48,6 +48,8 @@ SCHEME_COLOURS: dict[str, str] = {
     "pre-derf-gpt2-a4": "#084594",  # deep blue: the Pre-Norm family, Derf tuned
     "mhc-v2": "#addd8e",  # pale olive: mhc's olive, lighter
     "pre-no-qk-norm": "#9ecae1",  # pale blue: Pre-Norm twins
+    "pre-port-trunk": "#08519c",  # dark blue: Pre-Norm twins
+    "siamese-port-trunk": "#006d2c",  # dark green: siamese's family, its twin
     "pre-plain-init": "#3182bd",  # mid blue
     "pre-qk-full": "#6baed6",  # light steel blue
     "attn_res": "#d95f02",  # burnt orange

@@ -1,5 +1,6 @@
-"""scripts/alpha_sweep.py: its table reads the right diagnostics of a run (the last block by number, not by name; the
-MLP-site norms, the odd sublayers), says stalled by the comparison's rule, and refuses a bad alpha before training."""
+"""scripts/alpha_sweep.py: a run is the zoo's run of its cell (the same command), its table reads the right diagnostics
+of a run (the last block by number, not by name; the MLP-site norms, the odd sublayers), says stalled by the
+comparison's rule, and refuses a bad alpha before training."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
+from experiments.sweeps.spec import Run, SweepSpec
+
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("alpha_sweep", ROOT / "scripts" / "alpha_sweep.py")
 alpha_sweep = importlib.util.module_from_spec(spec)
@@ -19,15 +22,15 @@ spec.loader.exec_module(alpha_sweep)
 
 
 def fake_run(run_dir: Path, val: float) -> Path:
-    """A run of 12 blocks: block b's stream RMS is 10 b + step / 20; sublayer k saturates k / 100 + step / 1000."""
+    """A run of 12 blocks: block b's stream RMS is 10 b + step / 25; sublayer k saturates k / 100 + step / 1000."""
     run_dir.mkdir(parents=True)
     summary = {"status": "finished", "steps": 120, "final_train_loss": 2.5, "final_val": {"val/loss": val},
                "baseline_loss": 3.0, "train_curve": [[10, 3.1], [120, 2.5]], "val_curve": []}  # fmt: skip
     (run_dir / "summary.json").write_text(json.dumps(summary))
     writer = SummaryWriter(str(run_dir))
-    for step in (0, 20, 40, 100):
+    for step in (0, 25, 50, 100):
         for b in range(12):
-            writer.add_scalar(f"diag/rms/x/block_{b}", 10 * b + step / 20, step)
+            writer.add_scalar(f"diag/rms/x/block_{b}", 10 * b + step / 25, step)
         for k in range(24):
             writer.add_scalar(f"diag/saturation/norm/sublayer_{k}", k / 100 + step / 1000, step)
         writer.add_scalar("diag/saturation/norm_f", 0.5, step)
@@ -38,8 +41,8 @@ def fake_run(run_dir: Path, val: float) -> Path:
 def test_row_reads_the_last_block_and_the_mlp_sites(tmp_path: Path):
     line, _ = alpha_sweep.row("a8", "8", fake_run(tmp_path / "a8", val=2.4))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    # last block is block_11 (lexically block_9): 110 + 1 -> 110 + 5; MLP sites 1, 3, ..., 23: mean 0.12 + step/1000
-    assert cells == ["a8", "8", "2.500", "2.400", "finished", "111 -> 115", "0.140 -> 0.220", "0.500 -> 0.500"]
+    # last block is block_11 (lexically block_9): 110 + 1 -> 110 + 4; MLP sites 1, 3, ..., 23: mean 0.12 + step/1000
+    assert cells == ["a8", "8", "2.500", "2.400", "finished", "111 -> 114", "0.145 -> 0.220", "0.500 -> 0.500"]
 
 
 def test_a_run_above_the_stall_line_is_called_stalled(tmp_path: Path):
@@ -63,3 +66,26 @@ def test_an_existing_table_is_not_replaced_without_overwrite(tmp_path: Path):
     assert out.returncode == 2 and "--overwrite" in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert (tmp_path / "alpha.md").read_text() == "an earlier table\n"
     assert "training" not in out.stdout  # refused before the first run
+
+
+def test_a_run_is_the_zoos_run_of_its_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The same configs, rate, seeds (the data order too) and zoo args as the sweep gives the cell: only the names
+    differ, so the script's base and tuned-alpha runs reproduce the zoo's. An alpha's options come before the zoo's."""
+    calls = []
+    monkeypatch.setattr(alpha_sweep, "ROOT", tmp_path)  # no finished run there: both are trained
+    monkeypatch.setattr(alpha_sweep.subprocess, "run", lambda command, **kw: calls.append((command, kw["env"])))
+    alpha_sweep.train("base", "configs/norm/pre-port-trunk.yaml", [], "alpha-lr0.05-s2", 0.05, 2, 1)
+    alpha_sweep.train("dyt-a8", "configs/norm/pre-dyt-llama.yaml", alpha_sweep.alpha_args(8), "x", 0.05, 2, 1)
+    zoo = SweepSpec.load(str(ROOT / "configs" / "sweeps" / "zoo.yaml"))
+    names = ("--experiment=", "--run_name=", "--runs_root=", "--hparams_columns=", "--trainer.enable_progress_bar=")
+
+    def same_run(argv: list[str]) -> list[str]:
+        return [str(Path(a)) if a.endswith(".yaml") else a for a in argv if not a.startswith(names)]
+
+    (base, env), (alpha, _) = calls
+    assert same_run(base) == same_run(Run("pre-port-trunk", 0.05, None, 2).argv(zoo))
+    assert "--data.init_args.seed=2" in base and env["OMP_NUM_THREADS"] == "1"
+    assert "--run_name=base" in base and "--experiment=alpha-lr0.05-s2" in base
+    tuned = same_run(Run("pre-dyt-llama", 0.05, None, 2).argv(zoo))
+    k = tuned.index(zoo.args[0])
+    assert same_run(alpha) == tuned[:k] + alpha_sweep.alpha_args(8) + tuned[k:]

@@ -67,3 +67,21 @@ def test_every_scheme_has_an_overlay_and_every_recipe_changing_the_trunk_a_pre_n
         if name in {s.value for s in NormScheme} and options and name != "pre":
             twins = [n for n, r in RECIPES.items() if r.trunk == {"norm_scheme": "pre", **options}]
             assert twins, f"{name}: no Pre-Norm overlay with {options}"
+
+
+LAYER_OPTIONS = {"norm_layer", "dyt_alpha_rule", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
+                 "dyt_alpha_init_final", "dyt_bias"}  # fmt: skip
+
+
+def test_every_norm_layer_port_has_an_rmsnorm_pre_norm_twin_with_the_rest_of_its_trunk():
+    """A recipe that swaps the norm layer and changes other trunk options (DyT's LLaMA port: no QK-norm, a learnable
+    sqrt(d) embedding scale) has a Pre-Norm overlay with exactly those other options and RMSNorm, so the table reads
+    the layer alone against it (pre-no-qk-norm alone would also carry the embedding scale's effect)."""
+    assert set(TrunkConfig().to_dict()) >= LAYER_OPTIONS
+    ports = {n: r for n, r in RECIPES.items() if "lm" in r.tasks and r.trunk.get("norm_layer", "rmsnorm") != "rmsnorm"}
+    assert {"pre-dyt-llama", "pre-derf-gpt2", "pre-dyt-llama-a8", "pre-derf-gpt2-a4"} <= set(ports)
+    for name, recipe in ports.items():
+        rest = {k: v for k, v in recipe.trunk.items() if k not in LAYER_OPTIONS | {"norm_scheme"}}
+        if rest:
+            twins = [n for n, r in RECIPES.items() if r.trunk == {"norm_scheme": "pre", **rest}]
+            assert twins, f"{name}: no RMSNorm Pre-Norm overlay with {rest}"
