@@ -178,8 +178,10 @@ def consolidated(path: str | Path) -> Path:
 class ModelParallelStrategy(strategies.ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` whose sharded saves replace the previous folder in one step.
 
-    Every rank writes its shards (and rank 0 ``meta.pt``) into one hidden temp folder beside the target; the
-    ranks then agree that all of them succeeded, and rank 0 publishes the folder (module docstring). When any
+    Every rank creates one hidden temp folder beside the target and the ranks agree that all of them could before
+    the save's first collective (a rank failing alone inside it would leave the others waiting there); each then
+    writes its shards (and rank 0 ``meta.pt``) into it, the ranks agree that all of them succeeded, and rank 0
+    publishes the folder (module docstring). When any
     rank fails (a full disk, a read-only folder) the temp folder is removed on every rank's word, the previous
     checkpoint stays as it was, and each rank raises the same one-line :class:`CheckpointError`, the first
     rank's ``OSError`` chained to it (so the CLI names the run directory and its free space). Single-file saves
@@ -192,10 +194,15 @@ class ModelParallelStrategy(strategies.ModelParallelStrategy):
         path = Path(self.broadcast(str(filepath)))
         partial = Path(self.broadcast(str(temp_dir(path, tag="save"))))  # one folder for every rank
         failure: BaseException | None = None
-        try:
-            super().save_checkpoint(checkpoint, partial, storage_options)
-        except (Exception, CheckpointException) as err:  # every rank must reach the vote below, or the rest wait
+        try:  # before any collective: a rank that cannot make the folder must not leave the others waiting in DCP's
+            partial.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
             failure = err
+        if self.reduce_boolean_decision(failure is None, all=True):
+            try:
+                super().save_checkpoint(checkpoint, partial, storage_options)
+            except (Exception, CheckpointException) as err:  # every rank must reach the vote below, or the rest wait
+                failure = err
         cause, why = None, "another rank failed"
         if failure is not None:  # read before the partial folder goes: removing it gives back what a full disk lacked
             cause = _os_error(failure) or _full_disk(path.parent)

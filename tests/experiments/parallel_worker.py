@@ -4,7 +4,9 @@ Runs a list of jobs one after another in the same process group, so the processe
 start-up once for many runs:
 
     {"kind": "fit", "argv": [...]}                   python -m experiments ARGV through the real CLI and Trainer
-     (+ "expect": status: the exit status it must end with, e.g. 143 for a run stopped by SIGTERM)
+     (+ "expect": status: the exit status it must end with, e.g. 143 for a run stopped by SIGTERM;
+        "deny_mkdir_on_rank": R: on rank R only, creating a sharded save's temp folder is refused, as a
+        read-only or full file system would)
     {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh
      (+ "experts": E: an MoE trunk, experts split over the d ranks;
         "kv_heads": K: grouped-query attention, 4 query heads over K key/value heads);
@@ -16,6 +18,7 @@ start-up once for many runs:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -81,6 +84,25 @@ def grad_difference(scheme: str, dp: int, tp: int, experts: int = 0, kv_heads: i
     return worst
 
 
+@contextlib.contextmanager
+def refused_save_folders(refuse: bool):
+    """While on (``refuse``): creating a sharded save's temp folder (``fileio.temp_dir(..., tag="save")``) raises
+    ``PermissionError``, as a read-only or full file system would; every other folder is made as usual."""
+    mkdir = Path.mkdir
+
+    def refusing(path: Path, *args, **kwargs) -> None:
+        if path.name.endswith(".partial") and ".save." in path.name:
+            raise PermissionError(13, "Permission denied", str(path))
+        mkdir(path, *args, **kwargs)
+
+    if refuse:
+        Path.mkdir = refusing
+    try:
+        yield
+    finally:
+        Path.mkdir = mkdir
+
+
 def run(jobs: list[dict], out: Path) -> None:
     rank = int(os.environ["RANK"])
     if not dist.is_initialized():
@@ -92,7 +114,8 @@ def run(jobs: list[dict], out: Path) -> None:
             results.append(grad_difference(*args))
         else:
             try:
-                main(job["argv"])
+                with refused_save_folders(job.get("deny_mkdir_on_rank") == rank):
+                    main(job["argv"])
                 status = 0
             except SystemExit as stop:  # a run stopped by a signal exits 143 (the job says it expects that)
                 status = stop.code or 0

@@ -35,7 +35,7 @@ from filelock import FileLock
 from experiments.__main__ import main
 from experiments.parallel.packed import PackedLinear, unpack_state_dict
 from experiments.parallel.tensor import check_tensor_parallel
-from experiments.reliability.errors import SIGTERM_EXIT
+from experiments.reliability.errors import SIGTERM_EXIT, USAGE_ERROR
 from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
 from experiments.reliability.sharded import CACHE
 from models import TrunkConfig
@@ -158,7 +158,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     r = {name: root / name for name in (
         "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
         "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp", "moe_fsdp", "moe_ep",
-        "dit_one", "launch")}  # fmt: skip
+        "dit_one", "denied", "launch")}  # fmt: skip
     main(lm(r["one"], corpus, 8, STEPS))  # one process, batch 8, the default strategy
     main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
     one = [
@@ -196,6 +196,13 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
                 "--model.init_args.parallel.expert_parallel=true",
             )
         ),
+        # rank 1 cannot create the folder of the first sharded save (step PART): both ranks stop with one line
+        {
+            **fit(lm(r["denied"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
+            "deny_mkdir_on_rank": 1,
+            "expect": USAGE_ERROR,
+        },  # fmt: skip
+        fit(lm(r["denied"] / "after", corpus, 4, 2, "pre", *strategy(2, 1))),  # the process group still works
     ]
     results = launch(jobs, r["launch"] / "two", world=2)
     launch([fit(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))],  # 2 -> 1
@@ -253,6 +260,20 @@ def test_resume_on_another_world_size_stays_on_the_trajectory(ran: dict):
     one = curve(ran["one"])
     close(curve(ran["part_c"]), one)  # 4 steps on 1 process, 4 more on 2
     close(curve(ran["part_a"]), one)  # 4 steps on 2 processes, 4 more on 1
+
+
+def test_a_rank_that_cannot_save_stops_every_rank_with_one_line_instead_of_a_hang(ran: dict):
+    """Rank 1 is refused the temp folder of a sharded save (as by a read-only or full file system) before torch's
+    collective save starts; without the ranks' vote on the folder, rank 0 waited inside that save forever."""
+    logs = [(ran["launch"] / "two" / f"rank{r}.log").read_text() for r in (0, 1)]  # every job's output
+    errors = [[line for line in log.splitlines() if line.startswith("error:") and str(ran["denied"]) in line]
+              for log in logs]  # fmt: skip
+    target = f"error: could not write sharded checkpoint {ran['denied']}/"
+    assert len(errors[1]) == 1 and errors[1][0].startswith(target) and "Permission denied" in errors[1][0], errors
+    assert len(errors[0]) == 1 and errors[0][0].startswith(target) and "another rank failed" in errors[0][0], errors
+    checkpoints = next(ran["denied"].glob("lm/*/*/checkpoints"))
+    assert list(checkpoints.iterdir()) == []  # nothing published, no temp folder left
+    assert [p.name for p in (ran["denied"] / "after").rglob("summary.json")] == ["summary.json"]
 
 
 def test_image_tasks_under_fsdp2(ran: dict):
