@@ -4,18 +4,21 @@ the loss curves.
     python scripts/alpha_sweep.py --layer derf --alphas port,2,4,8,16 --out docs/results/derf-alpha
     python scripts/alpha_sweep.py --layer dyt --alphas port,2,4,8,16 --out docs/results/dyt-alpha
     python scripts/alpha_sweep.py --layer dyt --lr 0.05 --alphas port,4,8,16,32 --out docs/results/dyt-alpha-lr0.05
+    python scripts/alpha_sweep.py --layer dyt --scheme siamese --alphas port,4,8,16,32 \
+        --out docs/results/siamese-dyt-alpha
 
 Every run is ``python -m experiments fit`` as the zoo trains its cells (configs/sweeps/zoo.yaml: its configs and
 ``args``, 120 steps, warm-up 12, Diagnostics every 25 steps; ``--lr``; seed ``--seed``, which also sets the data's
 sampling order, as a sweep's seed does; one thread per run, ``--parallel`` at once), into
-``runs/lm/alpha-lr<lr>-s<seed>/`` (DyT and Derf share it and its ``base``). ``base`` is RMSNorm Pre-Norm on the
-ports' trunk (configs/norm/pre-port-trunk.yaml: no QK-norm, learnable sqrt(d) embedding scale), ``<layer>-port`` the
-port's own recipe (configs/norm/pre-dyt-llama.yaml: the width rule; pre-derf-gpt2.yaml: alpha 1.0), ``<layer>-a<alpha>``
-the same with every alpha set to ``alpha``; ``base`` and the tuned alphas are thus the zoo's own runs of
-pre-port-trunk and pre-dyt-llama-a8 / pre-derf-gpt2-a4 at that rate and seed. A finished run is not trained again.
-Written to ``--out`` (an existing table only with ``--overwrite``): ``alpha.md`` (final losses, the residual stream's
-RMS after the last block and the saturated share of the point-wise inputs, |z| > 2, at steps 25 and 100) and
-``curves.png`` (training loss per run).
+``runs/lm/alpha-lr<lr>-s<seed>/`` (DyT and Derf share it and its ``base``). ``base`` is RMSNorm Pre-Norm on the ports'
+trunk (configs/norm/pre-port-trunk.yaml: no QK-norm, learnable sqrt(d) embedding scale), ``<layer>-port`` the port's
+own recipe (configs/norm/pre-dyt-llama.yaml: the width rule; pre-derf-gpt2.yaml: alpha 1.0), ``<layer>-a<alpha>`` the
+same with every alpha set to ``alpha``; ``base`` and the tuned alphas are thus the zoo's own runs of pre-port-trunk
+and pre-dyt-llama-a8 / pre-derf-gpt2-a4 at that rate and seed. ``--scheme siamese`` does the same under SiameseNorm
+(DyT only: configs/norm/siamese-dyt-llama.yaml against siamese-port-trunk.yaml; runs ``siamese-...``). A finished run
+is not trained again. Written to ``--out`` (an existing table only with ``--overwrite``): ``alpha.md`` (final losses,
+the residual stream's RMS after the last block and the saturated share of the point-wise inputs, |z| > 2, at steps 25
+and 100) and ``curves.png`` (training loss per run).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from experiments.sweeps.jobs import DONE  # noqa: E402
 from experiments.sweeps.spec import SweepSpec  # noqa: E402
 from fileio import InputError, atomic_file, atomic_write_text, new_file, read_json  # noqa: E402
 
-CELL = {"dyt": "pre-dyt-llama", "derf": "pre-derf-gpt2"}
+PORT = {"dyt": "dyt-llama", "derf": "derf-gpt2"}  # the layer's LM recipe: configs/norm/<scheme>-<port>.yaml
 ZOO = ROOT / "configs" / "sweeps" / "zoo.yaml"
 STEPS = (25, 100)  # the Diagnostics steps the table reports (the zoo's Diagnostics run every 25)
 
@@ -96,7 +99,8 @@ def row(name: str, alpha: str, run_dir: Path) -> tuple[str, dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="scripts/alpha_sweep.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layer", choices=sorted(CELL), required=True)
+    parser.add_argument("--layer", choices=sorted(PORT), required=True)
+    parser.add_argument("--scheme", choices=("pre", "siamese"), default="pre", help="the placement the layer runs in")
     parser.add_argument("--alphas", default="port,2,4,8,16", help="comma-separated: port (the recipe's) or numbers")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=1)
@@ -118,12 +122,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     if args.parallel < 1:
         parser.error(f"--parallel={args.parallel}; valid: an integer >= 1")
+    cell = Path("configs/norm") / f"{args.scheme}-{PORT[args.layer]}.yaml"
+    if not (ROOT / cell).is_file():
+        parser.error(f"--layer {args.layer} --scheme {args.scheme}: no {cell}; valid: both layers under pre, dyt under "
+                     "siamese")  # fmt: skip
     experiment = f"alpha-lr{args.lr:g}-s{args.seed}"  # the two layers share its base run
-    runs = [("base", "RMSNorm", "configs/norm/pre-port-trunk.yaml", [])]
+    prefix = "" if args.scheme == "pre" else f"{args.scheme}-"
+    runs = [(f"{prefix}base", "RMSNorm", f"configs/norm/{args.scheme}-port-trunk.yaml", [])]
     for a in alphas:
-        overlay = f"configs/norm/{CELL[args.layer]}.yaml"
-        runs.append((f"{args.layer}-{a}" if a == "port" else f"{args.layer}-a{a}", "recipe" if a == "port" else a,
-                     overlay, [] if a == "port" else alpha_args(float(a))))  # fmt: skip
+        name = prefix + (f"{args.layer}-{a}" if a == "port" else f"{args.layer}-a{a}")
+        runs.append((name, "recipe" if a == "port" else a, str(cell), [] if a == "port" else alpha_args(float(a))))
     lines = ["| run | alpha | final train | final val | status | stream RMS after the last block, step "
              f"{STEPS[0]} -> {STEPS[1]} | saturated share (\\|z\\| > 2), MLP-site norms | the same, final norm |",
              "| --- | --- | ---: | ---: | --- | --- | --- | --- |"]  # fmt: skip
@@ -136,11 +144,12 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(line)
         steps, losses = zip(*summary["train_curve"], strict=True)
         ax.plot(steps, losses, label=f"{name} (val {summary['final_val']['val/loss']:.3f})",
-                color="black" if name == "base" else None, linewidth=2 if name == "base" else 1.2)  # fmt: skip
+                color="black" if alpha == "RMSNorm" else None, linewidth=2 if alpha == "RMSNorm" else 1.2)  # fmt: skip
     baseline = summary["baseline_loss"]
     ax.axhline(baseline, color="grey", linestyle=":", label=f"unigram loss {baseline:.3f}")
     ax.set(xlabel="step", ylabel="training loss (nats/byte)",
-           title=f"{args.layer} on the tiny LM: starting alpha (lr {args.lr:g}, seed {args.seed})")  # fmt: skip
+           title=f"{args.layer}{'' if args.scheme == 'pre' else ' in ' + args.scheme} on the tiny LM: starting alpha "
+                 f"(lr {args.lr:g}, seed {args.seed})")  # fmt: skip
     ax.legend(fontsize=8)
     with atomic_file(png) as f:
         fig.savefig(f, format="png", dpi=110)

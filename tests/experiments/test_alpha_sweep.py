@@ -89,3 +89,11 @@ def test_a_run_is_the_zoos_run_of_its_cell(tmp_path: Path, monkeypatch: pytest.M
     tuned = same_run(Run("pre-dyt-llama", 0.05, None, 2).argv(zoo))
     k = tuned.index(zoo.args[0])
     assert same_run(alpha) == tuned[:k] + alpha_sweep.alpha_args(8) + tuned[k:]
+
+
+def test_a_layer_without_a_recipe_under_the_scheme_is_one_line_and_exit_2(tmp_path: Path):
+    command = [sys.executable, str(ROOT / "scripts" / "alpha_sweep.py"), "--layer", "derf", "--scheme", "siamese",
+               "--out", str(tmp_path / "out")]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "siamese-derf-gpt2.yaml" in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
