@@ -17,13 +17,14 @@ same with every alpha set to ``alpha``; ``base`` and the tuned alphas are thus t
 and pre-dyt-llama-a8 / pre-derf-gpt2-a4 at that rate and seed. ``--scheme siamese`` does the same under SiameseNorm
 (DyT only: configs/norm/siamese-dyt-llama.yaml against siamese-port-trunk.yaml; runs ``siamese-...``). A finished run
 is not trained again. Written to ``--out`` (an existing table only with ``--overwrite``): ``alpha.md`` (final losses,
-the residual stream's RMS after the last block and the saturated share of the point-wise inputs, |z| > 2, at steps 25
-and 100) and ``curves.png`` (training loss per run).
+the residual stream's RMS after the last block (SiameseNorm: its Pre-Norm-like stream's) and the saturated share of
+the point-wise inputs, |z| > 2, at steps 25 and 100) and ``curves.png`` (training loss per run).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -82,8 +83,12 @@ def diagnostics(run_dir: Path) -> dict[str, dict[int, float]]:
 def row(name: str, alpha: str, run_dir: Path) -> tuple[str, dict]:
     summary = check_summary(read_json(run_dir / "summary.json", "run summary"), run_dir / "summary.json")
     diag = diagnostics(run_dir)
-    last_block = max((t for t in diag if t.startswith("diag/rms/x/block_")), key=lambda t: int(t.rsplit("_", 1)[1]))
-    mlp = [t for t in diag if t.startswith("diag/saturation/norm/sublayer_") and int(t.rsplit("_", 1)[1]) % 2 == 1]
+    stream = "x" if any(t.startswith("diag/rms/x/") for t in diag) else "pre"  # SiameseNorm: its Pre-Norm-like stream
+    blocks = [t for t in diag if t.startswith(f"diag/rms/{stream}/block_")]
+    last_block = max(blocks, key=lambda t: int(t.rsplit("_", 1)[1]))
+    site = re.compile(r"diag/saturation/norm[^/]*/sublayer_(\d+)")  # every norm of a sublayer (SiameseNorm: three)
+    mlp = [t for t in diag if (m := site.fullmatch(t)) and int(m[1]) % 2 == 1]
+    final = [t for t in diag if re.fullmatch(r"diag/saturation/norm_[a-z]+", t)]  # norm_f; SiameseNorm's a, b, o
 
     def at(tags: list[str], step: int) -> str:
         values = [diag[t][step] for t in tags if step in diag[t]]
@@ -91,7 +96,7 @@ def row(name: str, alpha: str, run_dir: Path) -> tuple[str, dict]:
 
     rms = " -> ".join(f"{diag[last_block].get(s, float('nan')):.0f}" for s in STEPS)
     sat_mlp = " -> ".join(at(mlp, s) for s in STEPS) if mlp else "-"
-    sat_f = " -> ".join(at(["diag/saturation/norm_f"], s) for s in STEPS) if "diag/saturation/norm_f" in diag else "-"
+    sat_f = " -> ".join(at(final, s) for s in STEPS) if final else "-"
     line = (f"| {name} | {alpha} | {summary['final_train_loss']:.3f} | {summary['final_val']['val/loss']:.3f} | "
             f"{status_of(summary, None)} | {rms} | {sat_mlp} | {sat_f} |")  # fmt: skip
     return line, summary

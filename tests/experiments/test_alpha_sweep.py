@@ -21,8 +21,9 @@ alpha_sweep = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(alpha_sweep)
 
 
-def fake_run(run_dir: Path, val: float) -> Path:
-    """A run of 12 blocks: block b's stream RMS is 10 b + step / 25; sublayer k saturates k / 100 + step / 1000."""
+def fake_run(run_dir: Path, val: float, streams=("x",), norms=("norm",), finals=("norm_f",)) -> Path:
+    """A run of 12 blocks: block b's stream RMS is 10 b + step / 25 (a second stream's 1000 more); sublayer k's i-th
+    norm saturates k / 100 + step / 1000 + i / 10; the i-th final norm 0.5 + i / 10."""
     run_dir.mkdir(parents=True)
     summary = {"status": "finished", "steps": 120, "final_train_loss": 2.5, "final_val": {"val/loss": val},
                "baseline_loss": 3.0, "train_curve": [[10, 3.1], [120, 2.5]], "val_curve": []}  # fmt: skip
@@ -30,10 +31,13 @@ def fake_run(run_dir: Path, val: float) -> Path:
     writer = SummaryWriter(str(run_dir))
     for step in (0, 25, 50, 100):
         for b in range(12):
-            writer.add_scalar(f"diag/rms/x/block_{b}", 10 * b + step / 25, step)
+            for i, name in enumerate(streams):
+                writer.add_scalar(f"diag/rms/{name}/block_{b}", 10 * b + step / 25 + 1000 * i, step)
         for k in range(24):
-            writer.add_scalar(f"diag/saturation/norm/sublayer_{k}", k / 100 + step / 1000, step)
-        writer.add_scalar("diag/saturation/norm_f", 0.5, step)
+            for i, name in enumerate(norms):
+                writer.add_scalar(f"diag/saturation/{name}/sublayer_{k}", k / 100 + step / 1000 + i / 10, step)
+        for i, name in enumerate(finals):
+            writer.add_scalar(f"diag/saturation/{name}", 0.5 + i / 10, step)
     writer.close()
     return run_dir
 
@@ -43,6 +47,13 @@ def test_row_reads_the_last_block_and_the_mlp_sites(tmp_path: Path):
     cells = [c.strip() for c in line.strip("|").split("|")]
     # last block is block_11 (lexically block_9): 110 + 1 -> 110 + 4; MLP sites 1, 3, ..., 23: mean 0.12 + step/1000
     assert cells == ["a8", "8", "2.500", "2.400", "finished", "111 -> 114", "0.145 -> 0.220", "0.500 -> 0.500"]
+
+
+def test_row_of_a_two_stream_run_reads_its_pre_norm_like_stream(tmp_path: Path):
+    norms, finals = ("norm_x", "norm_y", "norm_in"), ("norm_a", "norm_b", "norm_o")  # SiameseNorm's
+    run = fake_run(tmp_path / "s", 2.4, ("pre", "post"), norms, finals)
+    cells = [c.strip() for c in alpha_sweep.row("siamese-a8", "8", run)[0].strip("|").split("|")]
+    assert cells[5:] == ["111 -> 114", "0.245 -> 0.320", "0.600 -> 0.600"]  # post's stream: 1111 -> 1114
 
 
 def test_a_run_above_the_stall_line_is_called_stalled(tmp_path: Path):
