@@ -5,7 +5,8 @@ Read from the runs' TensorBoard event files (the :class:`experiments.monitoring.
 as one row per facet (learning rate, shape ...): residual RMS against depth on the left (the paper's
 "hidden-state norms grow with depth in Pre-Norm, not in the Post-Norm-like stream"), gradient norm
 against depth on the right (vanishing gradients in the lower blocks are how Post-Norm stalls). Line
-colour is the scheme (the suite's palette), line style the stream; seeds are averaged.
+colour is the scheme (the suite's palette), line style the stream, both keyed in one legend below the panels (a zoo of
+28 cells stays readable); seeds are averaged, a diverged run is drawn alone (dotted, x).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from experiments.results.cells import Cell, varying_axes  # noqa: E402
@@ -59,13 +61,13 @@ def _positive(values) -> np.ndarray:
     return np.where(np.isfinite(v) & (v > 0), v, np.nan)  # log axes: drop 0, inf, NaN
 
 
-def _draw(ax, values: np.ndarray, colour: str, label: str, ls: str = "-", band: bool = True) -> None:
+def _draw(ax, values: np.ndarray, colour: str, ls: str = "-", marker: str = "o", band: bool = True) -> None:
     """One profile: the mean over the runs (rows of ``values``) and, with several, the band they span."""
     with warnings.catch_warnings():  # a block no run logged is NaN in every row
         warnings.simplefilter("ignore", RuntimeWarning)
         mean, lo, hi = np.nanmean(values, axis=0), np.nanmin(values, axis=0), np.nanmax(values, axis=0)
     blocks = np.arange(values.shape[1])
-    ax.plot(blocks, mean, color=colour, ls=ls, marker="o", ms=3, label=label)
+    ax.plot(blocks, mean, color=colour, ls=ls, marker=marker, ms=3)
     if band and values.shape[0] > 1:
         ax.fill_between(blocks, lo, hi, color=colour, alpha=0.15, lw=0)
 
@@ -90,6 +92,8 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
         facets.setdefault(facet_label(cell, axes_names), []).append(cell)
     colours = scheme_colours(c.scheme for c in cells)
     fig, axes = plt.subplots(len(facets), 2, figsize=(12, 3.6 * len(facets)), squeeze=False)
+    streams: dict[str, list[str]] = {}  # line style -> the streams drawn with it
+    any_diverged = False
     for row, (facet, members) in enumerate(facets.items()):
         ax_rms, ax_grad = axes[row]
         for cell in members:
@@ -97,8 +101,9 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
             ran = [profiles[r["run"]] for r in cell.runs if r["status"] in RAN and profiles[r["run"]]]
             alone = [(r["status"], profiles[r["run"]]) for r in cell.runs if r["status"] == "diverged"]
             alone = [(status, p) for status, p in alone if p]
-            groups = [(ran, "-", f" (n = {len(ran)})")] + [([p], ":", f" ({status})") for status, p in alone]
-            for runs, style, suffix in groups:
+            groups = [(ran, False)] + [([p], True) for _, p in alone]  # a diverged run alone, marked x
+            any_diverged = any_diverged or bool(alone)
+            for runs, diverged in groups:
                 if not runs:
                     continue
                 for key in dict.fromkeys(k for p in runs for k in p):
@@ -106,13 +111,14 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
                     values = np.full((len(runs), depth), np.nan)
                     for i, p in enumerate(runs):
                         values[i, : len(p.get(key, []))] = _positive(p.get(key, []))
+                    marker = "x" if diverged else "o"
                     if key == "grad":
-                        _draw(ax_grad, values, colour, cell.scheme + suffix, ls=style)
+                        _draw(ax_grad, values, colour, ls=":" if diverged else "-", marker=marker)
                         continue
                     stream = key.split("/", 1)[1]
-                    label = cell.scheme + suffix if stream == "x" else f"{cell.scheme} ({stream}){suffix}"
-                    ls = STREAM_STYLE.get(stream, "-") if style == "-" else style
-                    _draw(ax_rms, values, colour, label, ls=ls)
+                    ls = ":" if diverged else STREAM_STYLE.get(stream, "-")
+                    streams.setdefault(STREAM_STYLE.get(stream, "-"), []).append(stream)
+                    _draw(ax_rms, values, colour, ls=ls, marker=marker)
         where = f", {facet}" if facet else ""
         for ax, title in ((ax_rms, "residual RMS after each block"), (ax_grad, "gradient norm per block (pre-clip)")):
             ax.set_yscale("log")
@@ -121,9 +127,17 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
             ax.set_ylabel("RMS" if ax is ax_rms else "gradient norm")
             ax.set_title(title + where, fontsize=10)
             ax.grid(alpha=0.3, which="both")
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7, ncol=2)
+    # one legend for the figure, below it: a colour per scheme, then what each line style is (many cells: readable)
+    handles = [Line2D([], [], color=c, lw=2, label=name) for name, c in colours.items()]
+    for ls, names in streams.items():
+        label = "streams: " + ", ".join("residual" if n == "x" else n for n in dict.fromkeys(names))
+        handles.append(Line2D([], [], color="#888888", ls=ls, marker="o", ms=3, label=label))
+    if any_diverged:
+        handles.append(Line2D([], [], color="#888888", ls=":", marker="x", label="a diverged run (not in the mean)"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     fig.suptitle("depth profiles at the last logged step: mean over seeds, band: their range", fontsize=11)
-    fig.tight_layout()
+    legend = 0.25 + 0.22 * math.ceil(len(handles) / 5)  # inches below the panels
+    fig.set_figheight(3.6 * len(facets) + legend)
+    fig.tight_layout(rect=(0, legend / fig.get_figheight(), 1, 1))
     save_figure(fig, path, dpi=110)
     return True
