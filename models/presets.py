@@ -88,6 +88,9 @@ _DERF_GPT2 = dict(norm_layer="derf", dyt_alpha_init=1.0, **_PORT_TRUNK)
 #: lr 1e-2 (docs/schemes.md) finds both stalling at their authors' alpha and training from 4 up.
 _DYT_LLAMA_A8 = {**{k: v for k, v in _DYT_LLAMA.items() if k != "dyt_alpha_rule"}, "dyt_alpha_init": 8.0}
 _DERF_GPT2_A4 = {**_DERF_GPT2, "dyt_alpha_init": 4.0}
+#: The alphas that train the tiny LM on every seed (sweeps on seeds 1-3): the -a8 / -a4 picks stall on seed 2.
+_DYT_LLAMA_A16 = {**_DYT_LLAMA_A8, "dyt_alpha_init": 16.0}
+_DERF_GPT2_A8 = {**_DERF_GPT2, "dyt_alpha_init": 8.0}
 _OLMO2_QK = dict(qk_norm=True, qk_norm_scope="full")
 
 #: Every shipped ``configs/norm/<name>.yaml`` and the recipe it carries (tests/models/test_recipes.py checks each
@@ -132,6 +135,10 @@ RECIPES: dict[str, Recipe] = {
                                dict(norm_scheme="pre", **_DYT_LLAMA_A8), ("lm",)),
     "siamese-dyt-llama-a8": Recipe("SiameseNorm with the DyT LLaMA port's recipe, alpha tuned for the tiny LM (8)",
                                    dict(norm_scheme="siamese", **_DYT_LLAMA_A8), ("lm",)),
+    "dyt-llama-a16": Recipe("the DyT LLaMA port's recipe with every alpha 16: trains the tiny LM on every seed, not the "
+                            "authors' value", _DYT_LLAMA_A16, ("lm",)),
+    "pre-dyt-llama-a16": Recipe("the DyT paper's LM with the alpha that trains the tiny LM on every seed (16)",
+                                dict(norm_scheme="pre", **_DYT_LLAMA_A16), ("lm",)),
     "pre-no-qk-norm": Recipe("the DyT / Derf LM ports' attention (no QK-norm) under RMSNorm Pre-Norm",
                              dict(norm_scheme="pre", qk_norm=False), ("lm",)),
     "pre-port-trunk": Recipe("the DyT / Derf LM ports' trunk (no QK-norm, learnable sqrt(d) embedding scale) under "
@@ -148,6 +155,10 @@ RECIPES: dict[str, Recipe] = {
                            _DERF_GPT2_A4, ("lm",)),
     "pre-derf-gpt2-a4": Recipe("the Derf paper's LM with alpha tuned for the tiny LM (4)",
                                dict(norm_scheme="pre", **_DERF_GPT2_A4), ("lm",)),
+    "derf-gpt2-a8": Recipe("the Derf GPT-2 port's recipe with every alpha 8: trains the tiny LM on every seed, not the "
+                           "authors' value", _DERF_GPT2_A8, ("lm",)),
+    "pre-derf-gpt2-a8": Recipe("the Derf paper's LM with the alpha that trains the tiny LM on every seed (8)",
+                               dict(norm_scheme="pre", **_DERF_GPT2_A8), ("lm",)),
 }
 # fmt: on
 

@@ -38,6 +38,8 @@ SCHEME_COLOURS: dict[str, str] = {
     "dyt-llama-a8": "#80b1d3",  # pale steel: dyt-llama's family
     "pre-dyt-llama-a8": "#4292c6",  # medium blue: the Pre-Norm family, DyT tuned
     "siamese-dyt-llama-a8": "#41ab5d",  # medium green: siamese's family, DyT tuned
+    "dyt-llama-a16": "#bebada",  # pale lilac: dyt-llama's family
+    "pre-dyt-llama-a16": "#6a51a3",  # violet: DyT, every seed
     "pre-dyt": "#4f9fd6",  # light blue: pre's blue, lighter (the ViT sweep's DyT cells)
     "siamese-dyt": "#7fc97f",  # light green: siamese's green, lighter
     "keel": "#a6761d",  # mustard
@@ -46,6 +48,8 @@ SCHEME_COLOURS: dict[str, str] = {
     "pre-derf-gpt2": "#2166ac",  # steel blue: the Pre-Norm family
     "derf-gpt2-a4": "#f768a1",  # pink: derf's family
     "pre-derf-gpt2-a4": "#084594",  # deep blue: the Pre-Norm family, Derf tuned
+    "derf-gpt2-a8": "#fa9fb5",  # light pink: derf's family
+    "pre-derf-gpt2-a8": "#ae017e",  # plum: Derf, every seed
     "mhc-v2": "#addd8e",  # pale olive: mhc's olive, lighter
     "pre-no-qk-norm": "#9ecae1",  # pale blue: Pre-Norm twins
     "pre-port-trunk": "#08519c",  # dark blue: Pre-Norm twins

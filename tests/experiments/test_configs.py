@@ -37,8 +37,9 @@ NORM_OVERLAYS = {
 }
 SCHEMES = {s.value for s in NormScheme}
 # Norm-layer overlays set no scheme: they stack after a scheme overlay. The ports of DyT fit one task each.
-LAYER_OVERLAYS = {"dyt": ("lm", "vit", "dit"), "dyt-llama": ("lm",), "dyt-llama-a8": ("lm",), "dyt-dit": ("dit",),
-                  "derf": ("lm", "vit", "dit"), "derf-gpt2": ("lm",), "derf-gpt2-a4": ("lm",)}  # fmt: skip
+LAYER_OVERLAYS = {"dyt": ("lm", "vit", "dit"), "dyt-llama": ("lm",), "dyt-llama-a8": ("lm",),
+                  "dyt-llama-a16": ("lm",), "dyt-dit": ("dit",), "derf": ("lm", "vit", "dit"), "derf-gpt2": ("lm",),
+                  "derf-gpt2-a4": ("lm",), "derf-gpt2-a8": ("lm",)}  # fmt: skip
 # Named variants of a scheme (Table 3 ablation rows; sweep cells of a scheme with a norm-layer overlay):
 # configs/norm/<scheme>-<variant>.yaml.
 VARIANTS = sorted(stem for stem in NORM_OVERLAYS if stem not in SCHEMES and stem not in LAYER_OVERLAYS)
@@ -183,6 +184,8 @@ def test_the_tiny_lm_tuned_overlays_are_the_ports_with_one_alpha_changed():
     llama = {k: v for k, v in NORM_OVERLAYS["dyt-llama"].items() if k != "dyt_alpha_rule"}
     assert NORM_OVERLAYS["dyt-llama-a8"] == {**llama, "dyt_alpha_init": 8.0}
     assert NORM_OVERLAYS["derf-gpt2-a4"] == {**NORM_OVERLAYS["derf-gpt2"], "dyt_alpha_init": 4.0}
+    assert NORM_OVERLAYS["dyt-llama-a16"] == {**llama, "dyt_alpha_init": 16.0}
+    assert NORM_OVERLAYS["derf-gpt2-a8"] == {**NORM_OVERLAYS["derf-gpt2"], "dyt_alpha_init": 8.0}
     trunk = overlaid_trunk("configs/lm/tiny.yaml", "pre", "dyt-llama-a8")
     assert trunk.dyt_alpha_rule == "fixed"
     assert [trunk.dyt_init(k).alpha for k in ("attn", "mlp", "readout", "qk")] == [8.0] * 4
