@@ -38,7 +38,7 @@ SCHEME_COLOURS: dict[str, str] = {
     "dyt-llama-a8": "#80b1d3",  # pale steel: dyt-llama's family
     "pre-dyt-llama-a8": "#4292c6",  # medium blue: the Pre-Norm family, DyT tuned
     "siamese-dyt-llama-a8": "#41ab5d",  # medium green: siamese's family, DyT tuned
-    "dyt-llama-a16": "#bebada",  # pale lilac: dyt-llama's family
+    "dyt-llama-a16": "#9e9ac8",  # lilac: dyt-llama's family
     "pre-dyt-llama-a16": "#6a51a3",  # violet: DyT, every seed
     "pre-dyt": "#4f9fd6",  # light blue: pre's blue, lighter (the ViT sweep's DyT cells)
     "siamese-dyt": "#7fc97f",  # light green: siamese's green, lighter
