@@ -23,6 +23,8 @@ the point-wise inputs, |z| > 2, at steps 25 and 100) and ``curves.png`` (trainin
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -43,7 +45,7 @@ from experiments.reliability.errors import ArgumentParser, UsageExit  # noqa: E4
 from experiments.results.compare import status_of  # noqa: E402
 from experiments.results.runs import check_summary  # noqa: E402
 from experiments.sweeps.jobs import DONE  # noqa: E402
-from experiments.sweeps.spec import SweepSpec  # noqa: E402
+from experiments.sweeps.spec import Run, SweepSpec  # noqa: E402
 from fileio import InputError, atomic_file, atomic_write_text, new_file, read_json  # noqa: E402
 
 PORT = {"dyt": "dyt-llama", "derf": "derf-gpt2"}  # the layer's LM recipe: configs/norm/<scheme>-<port>.yaml
@@ -57,20 +59,25 @@ def alpha_args(alpha: float) -> list[str]:
     return [f"--model.init_args.trunk.{k}={alpha:g}" for k in keys]
 
 
+@functools.cache
+def zoo() -> SweepSpec:
+    return SweepSpec.load(str(ZOO))
+
+
 def train(name: str, overlay: str, extra: list[str], experiment: str, lr: float, seed: int, threads: int) -> Path:
-    """One run as the zoo trains it (its configs and args; the seed sets the data order too), unless it finished."""
+    """One run as the zoo trains it: the sweep's own command for the cell (``Run.argv``: its configs and args; the seed
+    sets the data order too), under this script's experiment and run name; skipped when it finished."""
     run_dir = ROOT / "runs" / "lm" / experiment / name
     summary = run_dir / "summary.json"
     if summary.is_file() and read_json(summary, "run summary").get("status") in DONE:  # as a sweep skips it
         return run_dir
-    zoo = SweepSpec.load(str(ZOO))
-    command = [sys.executable, "-m", "experiments", "fit", *(a for c in [*zoo.configs, overlay] for a in ("-c", c)),
-               f"--experiment={experiment}", f"--run_name={name}", f"--model.init_args.optim.lr={lr}",
-               f"--seed_everything={seed}", f"--data.init_args.seed={seed}", *extra, *zoo.args,
-               "--trainer.enable_progress_bar=false"]  # fmt: skip
+    spec = dataclasses.replace(zoo(), name=experiment, lrs=[lr], seeds=[seed])
+    argv = Run(Path(overlay).stem, lr, None, seed).argv(spec, extra=extra)
+    command = [f"--run_name={name}" if a.startswith("--run_name=") else a for a in argv]  # the cell's name otherwise
     print(f"training {name} ...", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run([*command, "--trainer.enable_progress_bar=false"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                   env=env)  # fmt: skip
     return run_dir
 
 

@@ -92,7 +92,7 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
         facets.setdefault(facet_label(cell, axes_names), []).append(cell)
     colours = scheme_colours(c.scheme for c in cells)
     fig, axes = plt.subplots(len(facets), 2, figsize=(12, 3.6 * len(facets)), squeeze=False)
-    streams: dict[str, list[str]] = {}  # line style -> the streams drawn with it
+    streams: dict[str, dict[str, None]] = {}  # line style -> the streams drawn with it, in order
     any_diverged = False
     for row, (facet, members) in enumerate(facets.items()):
         ax_rms, ax_grad = axes[row]
@@ -117,7 +117,7 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
                         continue
                     stream = key.split("/", 1)[1]
                     ls = ":" if diverged else STREAM_STYLE.get(stream, "-")
-                    streams.setdefault(STREAM_STYLE.get(stream, "-"), []).append(stream)
+                    streams.setdefault(STREAM_STYLE.get(stream, "-"), {})[stream] = None
                     _draw(ax_rms, values, colour, ls=ls, marker=marker)
         where = f", {facet}" if facet else ""
         for ax, title in ((ax_rms, "residual RMS after each block"), (ax_grad, "gradient norm per block (pre-clip)")):
@@ -130,7 +130,7 @@ def plot_depth_profiles(sweep_dir: Path, cells: list[Cell], path: Path) -> bool:
     # one legend for the figure, below it: a colour per scheme, then what each line style is (many cells: readable)
     handles = [Line2D([], [], color=c, lw=2, label=name) for name, c in colours.items()]
     for ls, names in streams.items():
-        label = "streams: " + ", ".join("residual" if n == "x" else n for n in dict.fromkeys(names))
+        label = "streams: " + ", ".join("residual" if n == "x" else n for n in names)
         handles.append(Line2D([], [], color="#888888", ls=ls, marker="o", ms=3, label=label))
     if any_diverged:
         handles.append(Line2D([], [], color="#888888", ls=":", marker="x", label="a diverged run (not in the mean)"))
