@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from experiments.reliability.errors import CheckpointError, SuiteError
-from experiments.reliability.sharded import consolidated, sharded_problem
+from experiments.reliability.sharded import consolidate, sharded_problem, verify_shards
 
 # Plain types beyond torch's defaults that a suite checkpoint may hold. Empty on purpose: everything the
 # suite writes is tensors, dicts, lists, tuples, str, int, float, bool and None. Add a type here only if
@@ -42,18 +42,25 @@ if SAFE_GLOBALS:
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
-def checkpoint_problem(path: str | Path) -> str | None:
+def checkpoint_problem(path: str | Path, verify: bool = False) -> str | None:
     """Why ``path`` is not a readable checkpoint ("does not exist", "is truncated ..."), or None.
 
     Cheap: reads the zip central directory torch.save writes at the end of the file, which a file cut
-    short lacks. A sharded checkpoint (a folder) must be complete and its ``.metadata`` safe to unpickle
-    (:mod:`experiments.reliability.sharded`).
+    short lacks. A sharded checkpoint (a folder) must be complete, of one save and safe to unpickle
+    (:mod:`experiments.reliability.sharded`); ``verify`` also hashes its files against its manifest (it reads
+    them all: for the one checkpoint a command is about to load).
     """
     path = Path(path)
     if not path.exists():
         return "does not exist"
     if path.is_dir():
-        return sharded_problem(path)
+        if not verify:
+            return sharded_problem(path)
+        try:
+            verify_shards(path)
+        except CheckpointError as err:
+            return str(err).removeprefix(f"checkpoint {path} ")
+        return None
     size = path.stat().st_size
     if size == 0:
         return "is empty (0 bytes)"
@@ -85,8 +92,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     """Reads a checkpoint written by ``torch.save`` without running code from it.
 
     Args:
-        path: the file, or a sharded checkpoint's folder (read through its one-file form, made once and cached
-            inside the folder: :func:`experiments.reliability.sharded.consolidated`).
+        path: the file, or a sharded checkpoint's folder (its weights consolidated in memory, after every file was
+            checked: :func:`experiments.reliability.sharded.consolidate`).
         map_location: passed to ``torch.load`` (CPU by default).
         mmap: memory-map the tensors instead of reading them (cheap inspection of a large file).
 
@@ -97,7 +104,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     if problem := checkpoint_problem(path):
         raise CheckpointError(f"checkpoint {path} {problem}")
     if path.is_dir():
-        path = consolidated(path)
+        return consolidate(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap or None)
     except pickle.UnpicklingError as err:
