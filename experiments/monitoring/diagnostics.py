@@ -33,12 +33,20 @@ LayerNorm Scaling, the reordered norm, Keel; Attention Residuals: the latest blo
 Lightning 2.6 calls ``on_before_optimizer_step`` after backward (and after AMP unscaling) and only then
 runs ``configure_gradient_clipping`` (``Precision._after_closure``), so gradients read there are the
 unclipped ones.
+
+On several processes every tag describes the whole global batch, as one process running it would: the hooks
+keep sums (of squares, of saturated inputs, of expert assignments) with their counts and maxima of this rank's
+part (a tensor-parallel rank's sequence shard, a data-parallel rank's micro-batch), and the logging step reduces
+them over every rank (one all-reduce of the sums, one of the maxima) before dividing. Gradient norms and norm
+scales are read from the parameters, which FSDP2 / DDP already make whole (DTensor norms, all-reduced
+gradients).
 """
 
 from __future__ import annotations
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -67,6 +75,35 @@ def stream_dict(state: State) -> dict[str, Tensor]:
 def rms(t: Tensor) -> Tensor:
     """Root mean square over every element, in float32."""
     return t.detach().float().pow(2).mean().sqrt()
+
+
+def local(t: Tensor) -> Tensor:
+    """This rank's part of ``t``: a DTensor's local shard (a tensor-parallel rank's sequence shard), else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def sum_and_count(values: Tensor) -> Tensor:
+    """``[sum, count]`` of ``values`` in float64: what a mean over several ranks' parts is reduced from."""
+    return torch.stack([values.detach().double().sum(), torch.tensor(float(values.numel()), device=values.device)])
+
+
+def reduced(sums: dict[str, Tensor], maxima: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``sums`` added and ``maxima`` maxed over every process (one all-reduce each, keys in one order on every
+    rank); themselves when only one process runs."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return sums, maxima
+    out = []
+    for values, op in ((sums, dist.ReduceOp.SUM), (maxima, dist.ReduceOp.MAX)):
+        keys = sorted(values)
+        if not keys:
+            out.append({})
+            continue
+        flat = torch.cat([values[k].reshape(-1).double() for k in keys])
+        dist.all_reduce(flat, op=op)
+        sizes = [values[k].numel() for k in keys]
+        out.append({k: part.reshape(values[k].shape) for k, part in zip(keys, flat.split(sizes), strict=True)})
+    return out[0], out[1]
 
 
 def find_trunk(pl_module: nn.Module) -> Trunk | None:
@@ -103,12 +140,17 @@ def _norm_stats(module: nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def saturated(module: nn.Module, x: Tensor) -> Tensor:
+    """Whether each point-wise input ``z = alpha x (+ s)`` of a DyT / Derf ``module`` has ``|z| > 2`` (0 / 1)."""
+    z = local(module.alpha.detach()) * local(x.detach())
+    if isinstance(module, Derf):
+        z = z + local(module.shift.detach())
+    return (z.abs() > SATURATION_Z).float()
+
+
 def saturated_fraction(module: nn.Module, x: Tensor) -> Tensor:
     """The fraction of the point-wise inputs ``z = alpha x (+ s)`` of a DyT / Derf ``module`` with ``|z| > 2``."""
-    z = module.alpha.detach() * x.detach()
-    if isinstance(module, Derf):
-        z = z + module.shift.detach()
-    return (z.abs() > SATURATION_Z).float().mean()
+    return saturated(module, x).mean()
 
 
 def pointwise_norms(trunk: Trunk) -> dict[str, nn.Module]:
@@ -185,7 +227,10 @@ class Diagnostics(Callback):
         self.saturation = saturation
         self.last: dict[str, float] = {}  # the most recently logged values (for tests and notebooks)
         self._handles: list[RemovableHandle] = []
-        self._pending: dict[str, Tensor] = {}
+        self._pending: dict[str, Tensor] = {}  # values already whole (gradient norms, norm scales)
+        self._sums: dict[str, Tensor] = {}  # this rank's [sum, count] (RMS: of squares; saturation: of 0 / 1)
+        self._maxima: dict[str, Tensor] = {}  # this rank's max |state| per block
+        self._loads: dict[int, Tensor] = {}  # this rank's expert assignments per MoE block
         self._captured_step: int | None = None
         self._warned = False
 
@@ -204,7 +249,7 @@ class Diagnostics(Callback):
 
     def _saturation_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            self._pending[f"diag/saturation/{name}"] = saturated_fraction(module, args[0])
+            self._sums[f"diag/saturation/{name}"] = sum_and_count(saturated(module, args[0]))
 
         return hook
 
@@ -216,19 +261,36 @@ class Diagnostics(Callback):
 
     def _block_hook(self, b: int):
         def hook(module: nn.Module, args: tuple, output: tuple[State, Routing | None]) -> None:
-            streams = stream_dict(output[0])  # Block.forward returns (state, routing)
+            streams = {name: local(t) for name, t in stream_dict(output[0]).items()}  # Block: (state, routing)
             if self.routing and output[1] is not None:
-                for name, value in expert_usage(output[1].load)._asdict().items():
-                    self._pending[f"diag/moe/{name}/block_{b}"] = value
+                self._loads[b] = local(output[1].load).detach().double()
             if self.residual_rms:
                 for name, t in streams.items():
-                    self._pending[f"diag/rms/{name}/block_{b}"] = rms(t)
+                    self._sums[f"diag/rms/{name}/block_{b}"] = sum_and_count(t.float().pow(2))
             if self.max_activation:
-                self._pending[f"diag/max_abs/block_{b}"] = torch.stack(
+                self._maxima[f"diag/max_abs/block_{b}"] = torch.stack(
                     [t.detach().abs().max().float() for t in streams.values()]
                 ).max()
 
         return hook
+
+    def captured(self) -> dict[str, float]:
+        """The tags of what the hooks and the optimizer step recorded, reduced over every process (a collective
+        when several run: every rank calls it at the same step)."""
+        sums = {**self._sums, **{f"load/{b}": load for b, load in self._loads.items()}}
+        sums, maxima = reduced(sums, self._maxima)  # every rank's part of the global batch (module docstring)
+        metrics = {k: float(v) for k, v in self._pending.items()}
+        for key, (total, count) in ((k, v) for k, v in sums.items() if not k.startswith("load/")):
+            mean = float(total / count.clamp_min(1))
+            metrics[key] = mean**0.5 if key.startswith("diag/rms/") else mean
+        metrics.update({k: float(v) for k, v in maxima.items()})
+        for b in sorted(self._loads):
+            for name, value in expert_usage(sums[f"load/{b}"])._asdict().items():
+                metrics[f"diag/moe/{name}/block_{b}"] = float(value)
+        blocks = [v for k, v in metrics.items() if k.startswith("diag/max_abs/block_")]
+        if blocks:
+            metrics["diag/max_abs_activation"] = max(blocks)
+        return metrics
 
     # ----------------------------------------------------------------------------- Lightning hooks
     def _due(self, trainer: L.Trainer) -> bool:
@@ -248,7 +310,7 @@ class Diagnostics(Callback):
         if trunk is None:
             return
         self._captured_step = trainer.global_step
-        self._pending = {}
+        self._pending, self._sums, self._maxima, self._loads = {}, {}, {}, {}
         self.attach(trunk)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
@@ -272,16 +334,16 @@ class Diagnostics(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         self.detach()
-        if not self._pending or trainer.global_step == self._captured_step:
+        if self._captured_step is None or trainer.global_step == self._captured_step:
             return  # nothing captured, or gradient accumulation: the optimizer step is still to come
-        metrics = {k: float(v) for k, v in self._pending.items()}
-        blocks = [v for k, v in metrics.items() if k.startswith("diag/max_abs/block_")]
-        if blocks:
-            metrics["diag/max_abs_activation"] = max(blocks)
-        self._pending = {}
+        if not (self._pending or self._sums or self._maxima or self._loads):
+            return
+        metrics, step = self.captured(), self._captured_step
+        self._pending, self._sums, self._maxima, self._loads = {}, {}, {}, {}
+        self._captured_step = None
         self.last = metrics
         for logger in pl_module.loggers:
-            logger.log_metrics(metrics, step=self._captured_step)
+            logger.log_metrics(metrics, step=step)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.detach()

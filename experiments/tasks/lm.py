@@ -122,7 +122,7 @@ class LanguageModeling(TaskModule):
         if self.trunk_cfg.moe_experts:
             self.log_routing(split, routing, targets.numel())
         if split == "train":
-            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
             return loss + self.moe_aux_weight * routing.loss
         self.losses[split].update(loss, weight=targets.numel())
         self.ppl[split].update(logits.float(), targets)

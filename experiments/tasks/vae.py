@@ -152,7 +152,7 @@ class AutoencoderTraining(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         out = self.compute_losses(batch[0], sample=True)
-        self.log("train/loss", out.loss, prog_bar=True)
+        self.log("train/loss", out.loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
         self.log("train/rec_loss", out.rec_loss)
         self.log("train/kl", out.kl)
         return out.loss

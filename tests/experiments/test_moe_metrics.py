@@ -70,7 +70,7 @@ def test_diagnostics_log_each_moe_block_routing():
     for b, counts in enumerate(loads):
         assert sum(counts) == 3 * 12 * TOP_K  # every token reached its k experts: nothing dropped
         for name, value in hand_usage(counts).items():
-            assert float(diag._pending[f"diag/moe/{name}/block_{b}"]) == pytest.approx(value, rel=1e-5), name
+            assert diag.captured()[f"diag/moe/{name}/block_{b}"] == pytest.approx(value, rel=1e-5), name
 
 
 def test_dense_trunk_logs_no_routing():

@@ -37,7 +37,7 @@ def test_saturated_fraction_of_every_pointwise_norm_is_the_hand_count(norm_layer
     diag = Diagnostics()
     diag.attach(trunk)
     trunk(4 * torch.randn(2, 6, 16))
-    pending = dict(diag._pending)
+    pending = diag.captured()
     diag.detach()
     for name, m in named.items():
         z = m.alpha * inputs[name] + (m.shift if isinstance(m, Derf) else 0.0)
