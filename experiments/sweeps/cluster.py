@@ -9,10 +9,17 @@ Each job runs :class:`experiments.sweeps.jobs.FitJob`. The job script is submiti
 (Lightning's SLURM environment takes its ranks from ``srun``), ``--requeue`` and the requeue signal
 ``--signal=SIGUSR1@<signal_delay_s>``. ``cluster: local`` runs the same jobs on this machine through submitit's
 local executor (tests, a workstation), ``array_parallelism`` at a time, the sweep waiting for them.
+
+Two sweeps on one spec never submit a run twice: each run is claimed (the local launcher's
+:func:`~experiments.reliability.run_lock.sweep_claim`) before ``jobs.json`` is read for it, and the claim is kept
+until its job is recorded there; ``jobs.json`` itself is updated under its own lock, so neither sweep's records
+replace the other's. A run the other sweep holds is left to it (``pre: in use by sweep demo (pid ...)``) and,
+for the local executor, waited for like this sweep's own jobs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -21,13 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from experiments.monitoring.records import SUMMARY_FILE
+from experiments.reliability.errors import SuiteError
+from experiments.reliability.run_lock import in_use, sweep_claim
 from experiments.sweeps.estimate import run_extra_args
 from experiments.sweeps.jobs import DONE, FitJob
 from experiments.sweeps.ownership import prepare_run_dir, read_json, remove_run_dir
 from experiments.sweeps.spec import Run, SweepSpec
 from fileio import atomic_write_json
+from fileio.locks import holder, try_lock, unlock, write_holder
 
 JOBS_FILE = "jobs.json"
+JOBS_LOCK = ".jobs.json.lock"  # held while a sweep reads, updates and replaces jobs.json
+JOBS_LOCK_WAIT_S = 60.0  # another sweep holds it for one read-modify-write: milliseconds, seconds on a slow disk
 SUBMITIT_DIR = "submitit"
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "SUSPENDED", "RESV_DEL_HOLD"}
 RUNNING = {"RUNNING", "COMPLETING", "RESIZING", "STAGE_OUT", "SIGNALING"}
@@ -124,6 +136,29 @@ def read_jobs(sweep_dir: Path) -> dict[str, dict]:
     return read_json(sweep_dir / JOBS_FILE)
 
 
+def record_jobs(sweep_dir: Path, records: dict[str, dict], command: str) -> dict[str, dict]:
+    """Adds ``records`` to ``jobs.json`` under its lock (read, update, replace): two sweeps recording their jobs
+    at once both keep theirs. Returns the whole file as written.
+
+    Raises:
+        SuiteError: another process held the lock for over ``JOBS_LOCK_WAIT_S`` seconds (it names the holder).
+    """
+    path = sweep_dir / JOBS_LOCK
+    handle = try_lock(path, wait_s=JOBS_LOCK_WAIT_S)
+    if handle is None:
+        raise SuiteError(
+            f"{sweep_dir / JOBS_FILE} is being updated by {holder(path)} for over {JOBS_LOCK_WAIT_S:.0f} s; "
+            "valid: stop that process, then run the sweep again"
+        )
+    try:
+        write_holder(handle, command)
+        merged = {**read_jobs(sweep_dir), **records}
+        atomic_write_json(sweep_dir / JOBS_FILE, merged)
+        return merged
+    finally:
+        unlock(handle)
+
+
 def job_state(record: dict) -> str:
     """The scheduler's state of a recorded job ("PENDING", "RUNNING", "COMPLETED", "FAILED", ...; "UNKNOWN")."""
     if record.get("cluster") == "local":
@@ -163,32 +198,25 @@ class Submission:
         self.records = read_jobs(sweep_dir)
         self.jobs: list = []  # submitit jobs submitted by this process
         self.pending: list[Run] = []
+        self.held: list[str] = []  # runs another sweep (or command) was submitting or running: left to it
+        self.command = f"sweep {spec.name}"
         self._executor = None
 
     def submit(self, runs: list[Run], restart: bool) -> int:
         """Submits every run that is not done and has no active job; returns how many were submitted.
 
-        A run with a queued or running job is left alone; an unfinished one resumes from its newest checkpoint
-        when its job starts, or from scratch with ``--restart`` (its directory removed first, if the suite made it).
+        A run with a queued or running job is left alone, and so is one another sweep or command is using; an
+        unfinished one resumes from its newest checkpoint when its job starts, or from scratch with ``--restart``
+        (its directory removed first, if the suite made it). Each run is decided and submitted under its claim.
         """
-        todo = []
-        for run in runs:
-            name = run.name(self.spec)
-            if is_done(self.spec, self.sweep_dir / name):
-                continue
-            if name in self.records and (state := job_state(self.records[name])) in ACTIVE:
-                self.emit(f"{name}: job {self.records[name]['job_id']} is {state.lower()}, left as it is")
-                continue
-            if restart and read_json(self.sweep_dir / name / SUMMARY_FILE).get("status") not in DONE:
-                remove_run_dir(self.sweep_dir, name)  # a finished run only missing its test keeps its fit
-            prepare_run_dir(self.sweep_dir, name)
-            todo.append(run)
-        if not todo:
-            return 0
         local = self.spec.launcher["cluster"] == "local"
-        limit = self.spec.launcher["array_parallelism"] if local else len(todo)
-        self.pending = todo[limit:]
-        submitted = self._submit(todo[:limit])
+        with contextlib.ExitStack() as claims:
+            todo = [run for run in runs if self._claim(run, restart, claims)]
+            if not todo:
+                return 0
+            limit = self.spec.launcher["array_parallelism"] if local else len(todo)
+            self.pending = todo[limit:]
+            submitted = self._submit(todo[:limit])  # recorded in jobs.json before the claims are let go
         first = str(submitted[0].job_id)
         array = f", job array {first.split('_')[0]}" if len(submitted) > 1 and "_" in first else ""
         waiting = f", {len(self.pending)} waiting for a free slot" if self.pending else ""
@@ -198,17 +226,67 @@ class Submission:
         )
         return len(todo)
 
+    def _claim(self, run: Run, restart: bool, claims: contextlib.ExitStack) -> bool:
+        """Claims ``run`` into ``claims`` and says whether this sweep should submit it (prepares its directory);
+        a run that is done, has an active job, or is used by another sweep or command is released and skipped.
+        ``jobs.json`` is read again under the claim: what another sweep submitted a moment ago counts."""
+        name = run.name(self.spec)
+        claim = contextlib.ExitStack()
+        other = claim.enter_context(sweep_claim(self.sweep_dir / name, self.command))
+        keep = False
+        try:
+            if other is not None:
+                self.emit(f"{name}: in use by {other}, left to it")
+                self.held.append(name)
+                return False
+            if is_done(self.spec, self.sweep_dir / name):
+                return False
+            record = read_jobs(self.sweep_dir).get(name)
+            if record is not None:
+                self.records[name] = record
+                if (state := job_state(record)) in ACTIVE:
+                    self.emit(f"{name}: job {record['job_id']} is {state.lower()}, left as it is")
+                    self.held.append(name)
+                    return False
+            if restart and read_json(self.sweep_dir / name / SUMMARY_FILE).get("status") not in DONE:
+                remove_run_dir(self.sweep_dir, name)  # a finished run only missing its test keeps its fit
+            prepare_run_dir(self.sweep_dir, name)
+            keep = True
+            return True
+        finally:
+            if keep:
+                claims.enter_context(claim)
+            else:
+                claim.close()
+
     def top_up(self) -> None:
-        """Local executor: starts waiting runs while fewer than ``array_parallelism`` jobs run."""
+        """Local executor: starts waiting runs while fewer than ``array_parallelism`` jobs run (each one checked
+        again under its claim: another sweep on the spec may have submitted it meanwhile)."""
         free = self.spec.launcher["array_parallelism"] - sum(not job.done() for job in self.jobs)
-        if self.pending and free > 0:
-            batch, self.pending = self.pending[:free], self.pending[free:]
-            self._submit(batch)
+        if not self.pending or free <= 0:
+            return
+        with contextlib.ExitStack() as claims:
+            batch = []
+            while self.pending and len(batch) < free:
+                run = self.pending.pop(0)
+                if self._claim(run, False, claims):
+                    batch.append(run)
+            if batch:
+                self._submit(batch)
+        if batch:
             self.emit(f"sweep {self.spec.name}: started {len(batch)} more local job(s), {len(self.pending)} waiting")
 
     def active(self) -> bool:
         """Whether jobs submitted here still run, or runs still wait for a slot."""
         return bool(self.pending) or any(not job.done() for job in self.jobs)
+
+    def others_busy(self) -> bool:
+        """Whether a run left to another sweep or command is still claimed by it (its job not recorded yet, or
+        its fit running): a local sweep waits for those too before it compares."""
+        return any(
+            in_use(self.sweep_dir / name) is not None and not is_done(self.spec, self.sweep_dir / name)
+            for name in self.held
+        )
 
     def _submit(self, runs: list[Run]) -> list:
         if self._executor is None:
@@ -216,14 +294,16 @@ class Submission:
         payloads = [fit_job(self.spec, run, self.sweep_dir) for run in runs]
         with self._executor.batch():  # one job array on SLURM
             submitted = [self._executor.submit(job) for job in payloads]
-        for run, job in zip(runs, submitted, strict=True):
-            self.records[run.name(self.spec)] = {
+        records = {
+            run.name(self.spec): {
                 "job_id": str(job.job_id),
                 "cluster": self.spec.launcher["cluster"],
                 "folder": str(self.folder),
                 "submitted": time.time(),
             }
-        atomic_write_json(self.sweep_dir / JOBS_FILE, self.records)
+            for run, job in zip(runs, submitted, strict=True)
+        }
+        self.records = record_jobs(self.sweep_dir, records, self.command)
         self.jobs += submitted
         return submitted
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.monitoring.records import SUMMARY_FILE
-from experiments.reliability.checkpointing import written_at
 from experiments.sweeps.ownership import read_json
 from fileio import atomic_write_json
 
@@ -104,6 +103,10 @@ class FitJob:
             if code != 0 and status not in DONE:
                 raise RunFailed(f"{run_dir.name}: fit exited with {code} (status {status}); log: {self.log}")
         if self.test_argv is not None and status == "finished" and "test" not in summary:
+            # Imported here: it brings torch, which the job process (it only waits for its commands) needs for
+            # nothing else; every job of a grid would otherwise spend seconds importing it before its fit starts.
+            from experiments.reliability.checkpointing import written_at
+
             ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=written_at)  # (a folder: its meta.pt)
             if ckpts:
                 code = self._call([*self.test_argv, f"--ckpt_path={ckpts[-1]}"])

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from experiments.monitoring.records import SUMMARY_FILE
 from experiments.reliability.run_lock import sweep_claim
+from experiments.sweeps.cluster import ACTIVE, job_state, read_jobs
 from experiments.sweeps.estimate import run_extra_args
 from experiments.sweeps.ownership import prepare_run_dir, read_json, remove_run_dir
 from experiments.sweeps.progress import GridProgress, Reporter
@@ -123,11 +124,15 @@ def run_one(
     """Runs, resumes or skips one run; prints a line when it starts and when it ends; returns its status.
 
     The run is claimed first (:func:`~experiments.reliability.run_lock.sweep_claim`) and everything else is
-    decided under the claim: a run another sweep or command is using is skipped ("in use"), never trained
-    twice, and its directory and log are left alone.
+    decided under the claim: a run another sweep or command is using, or that a submitit sweep on the spec has
+    an active job for (its ``jobs.json``), is skipped ("in use"), never trained twice, and its directory and
+    log are left alone.
     """
     name = run.name(spec)
     with sweep_claim(sweep_dir / name, f"sweep {spec.name}") as other:
+        record = read_jobs(sweep_dir).get(name) if other is None else None
+        if record is not None and (state := job_state(record)) in ACTIVE:  # a submitit sweep's job has it
+            other = f"{record.get('cluster', 'submitit')} job {record.get('job_id')} ({state.lower()})"
         if other is not None:
             say(f"{tag}: in use by {other}, skipped (that command finishes it)")
             if progress is not None:

@@ -114,14 +114,14 @@ def _launcher(spec: SweepSpec) -> str:
 
 def watch(spec: SweepSpec, runs: list[Run], sweep_dir: Path, submission: Submission | None, emit=print) -> None:
     """Prints a progress line per running run and the grid's ETA every ``progress_every_s`` until no run is
-    queued or running (starting waiting local jobs as slots free)."""
+    queued or running (starting waiting local jobs as slots free), nor held by another sweep on the spec."""
     tags = {r.name(spec): f"[{i + 1}/{len(runs)}] {r.name(spec)}" for i, r in enumerate(runs)}
     while True:
         if submission is not None:
             submission.top_up()
         states = run_states(spec, runs, sweep_dir)
         busy = [s for s in states if s.state in ("running", "queued", "testing")]
-        if not busy and not (submission is not None and submission.pending):
+        if not busy and not (submission is not None and (submission.pending or submission.others_busy())):
             return
         for s in busy:
             emit(f"{tags[s.name]}: {s.detail}" if s.state == "running" else f"{tags[s.name]}: {s.state}, {s.detail}")

@@ -19,6 +19,7 @@ import yaml
 from experiments.sweeps import sweep
 from experiments.sweeps.cluster import fit_job, sbatch_script
 from experiments.sweeps.spec import grid, load_specs
+from tests.conftest import PROCESSES
 from tests.experiments.tiny import tiny_lm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,3 +154,49 @@ def test_the_slurm_job_script_carries_the_requeue_signal_and_the_devices(tmp_pat
     # Lightning's SLURM environment checks devices x num_nodes against srun's tasks; 1e9 tokens at 4 x 2 x 32 x 2048.
     assert {"--trainer.num_nodes=2", "--trainer.devices=4", "--trainer.max_steps=1908"} <= set(job.fit_argv)
     assert job.test_argv is None and job.threads == 6 and job.fit_argv[3] == "fit"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(PROCESSES)
+def test_two_submitit_sweeps_on_one_spec_submit_each_run_once(tmp_path: Path, corpus):
+    """Two `sweep SPEC` commands with `launcher: {kind: submitit, cluster: local}` decide what to submit at the same
+    moment (tests/experiments/submit_race.py makes both read before either records): each run gets one job, one
+    fit, one line in jobs.json; the other sweep leaves it alone, waits for it, and both end 0."""
+    text, shards = corpus
+    fits, arrived = tmp_path / "fits.txt", tmp_path / "arrived"
+    path = tmp_path / "race.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "race", "configs": [str(ROOT / "configs/lm/tiny.yaml")], "schemes": ["pre", "post"],
+        "runs_root": str(tmp_path / "runs"), "progress_every_s": 0.5,
+        "launcher": {"kind": "submitit", "cluster": "local", "cpus_per_task": 1, "timeout_min": 20},
+        "args": [*tiny_lm(depth=1, seq_len=16, batch_size=4, eval_samples=8), f"--data.init_args.source={text}",
+                 f"--data.init_args.data_dir={shards}", "--trainer.max_steps=2", "--trainer.val_check_interval=2",
+                 "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
+                 "--trainer.callbacks+=tests.experiments.racing.RecordFit", f"--trainer.callbacks.record={fits}"],
+    }))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "tests.experiments.submit_race", str(arrived), "sweep", str(path)]
+    procs = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    both = "\n".join(outputs)
+    assert [proc.returncode for proc in procs] == [0, 0], both
+    assert len(list(arrived.iterdir())) == 2, both  # both sweeps really were deciding at once
+    sweep_dir = tmp_path / "runs/lm/race"
+    started = sorted(Path(line.split()[1]).name for line in fits.read_text().splitlines())
+    assert started == ["post", "pre"], (started, both)  # one fit per run
+    assert len(list((sweep_dir / "submitit").glob("*_submitted.pkl"))) == 2, both  # one job per run
+    jobs = json.loads((sweep_dir / "jobs.json").read_text())
+    assert sorted(jobs) == ["post", "pre"] and jobs["pre"]["job_id"] != jobs["post"]["job_id"], jobs
+    assert both.count("submitted") == sum(o.count("submitted") for o in outputs)
+    assert re.search(r"(pre|post): (in use by sweep race \(pid \d+|job \d+ is running, left as it is)", both), both
+    for name in ("pre", "post"):
+        assert json.loads((sweep_dir / name / "summary.json").read_text())["status"] == "finished"
+        assert (sweep_dir / "logs" / f"{name}.log").read_text().count("run saved to") == 1
+    assert "crashed" not in both.lower(), both
