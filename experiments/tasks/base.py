@@ -15,6 +15,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from experiments.monitoring.hparams import declare_hparams
 from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_grads
 from experiments.parallel.clip import clip_grad_norm
+from experiments.parallel.streams import RankStreams
 from experiments.tasks.optim import OptimConfig, build_optimizer
 from models import TrunkConfig
 
@@ -37,6 +38,10 @@ class TaskModule(L.LightningModule):
         super().__init__()
         self.trunk_cfg, self.optim_cfg = trunk, optim
         self.parallel_cfg = parallel or ParallelConfig()
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Every task draws its training randomness per data-parallel rank (:mod:`experiments.parallel.streams`)."""
+        return [RankStreams()]
 
     @property
     def sequence_length(self) -> int | None:
