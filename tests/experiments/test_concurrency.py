@@ -185,3 +185,34 @@ def test_a_run_in_use_is_skipped_and_a_dead_holder_blocks_nothing(tmp_path, corp
     out = capsys.readouterr().out
     assert "[1/2] pre: running" in out and "[2/2] post: already done (finished), skipped" in out, out
     assert len(calls) == 2
+
+
+def test_the_process_launcher_leaves_a_run_with_an_active_submitit_job_alone(tmp_path, corpus, monkeypatch, capsys):
+    """A submitit sweep on the same spec recorded a job for `pre` in jobs.json and it is running (its local job
+    process alive): a process-launcher sweep started beside it skips `pre` as in use, naming the job."""
+    monkeypatch.chdir(ROOT)
+    spec = write_spec(tmp_path, corpus)
+    sweep_dir = tmp_path / "runs" / "lm" / "race"
+    calls = []
+
+    def fake_run(self, argv, **kwargs) -> int:
+        calls.append(argv)
+        (sweep_dir / "post" / "summary.json").write_text(json.dumps({"scheme": "post", "status": "finished"}))
+        return 0
+
+    monkeypatch.setattr(sweep.Children, "call", fake_run)
+    from experiments.results import compare as compare_module
+
+    monkeypatch.setattr(compare_module.plots, "plot_curves", lambda *args, **kwargs: False)
+    sweep.claim_sweep_dir(sweep_dir, "race", str(spec))
+    job = hold("role = 'submitit job'")  # its command line names submitit, as a local job's does in /proc
+    try:
+        record = {"job_id": str(job.pid), "cluster": "local", "folder": str(sweep_dir / "submitit"), "submitted": 0}
+        (sweep_dir / "jobs.json").write_text(json.dumps({"pre": record}))
+        assert sweep.main(["sweep", str(spec)]) is None
+    finally:
+        job.kill()
+        job.wait(timeout=60)
+    out = capsys.readouterr().out
+    assert f"[1/2] pre: in use by local job {job.pid} (running), skipped" in out, out
+    assert "[2/2] post: running" in out and len(calls) == 1 and not (sweep_dir / "pre").exists(), out
