@@ -40,12 +40,17 @@ def _origin(where: str | None) -> str:
 ##################################################################################
 
 
+def _bound(value: float) -> str:
+    """A bound as a user types it: whole numbers in full (``4294967295``, not ``4.29497e+09``), others ``:g``."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
+
+
 def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
     parts = []
     if low is not None:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
+        parts.append(f"{'>' if low_open else '>='} {_bound(low)}")
     if high is not None:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
+        parts.append(f"{'<' if high_open else '<='} {_bound(high)}")
     return " and ".join(parts)
 
 

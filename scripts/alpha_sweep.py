@@ -19,6 +19,9 @@ and pre-dyt-llama-a8 / pre-derf-gpt2-a4 at that rate and seed. ``--scheme siames
 is not trained again. Written to ``--out`` (an existing table only with ``--overwrite``): ``alpha.md`` (final losses,
 the residual stream's RMS after the last block (SiameseNorm: its Pre-Norm-like stream's) and the saturated share of
 the point-wise inputs, |z| > 2, at steps 25 and 100) and ``curves.png`` (training loss per run).
+
+Every option, and every config file each run would read, is checked before the first run: a bad value or a missing
+file is one ``error:`` line and exit status 2; a run that fails is one line naming it and exit status 1.
 """
 
 from __future__ import annotations
@@ -41,16 +44,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from experiments.reliability.errors import ArgumentParser, UsageExit  # noqa: E402
+from experiments.reliability.errors import ArgumentParser, SuiteError  # noqa: E402
 from experiments.results.compare import status_of  # noqa: E402
 from experiments.results.runs import check_summary  # noqa: E402
 from experiments.sweeps.jobs import DONE  # noqa: E402
 from experiments.sweeps.spec import Run, SweepSpec  # noqa: E402
-from fileio import InputError, atomic_file, atomic_write_text, new_file, read_json  # noqa: E402
+from fileio import InputError, atomic_file, atomic_write_text, new_file, number, read_json  # noqa: E402
 
 PORT = {"dyt": "dyt-llama", "derf": "derf-gpt2"}  # the layer's LM recipe: configs/norm/<scheme>-<port>.yaml
 ZOO = ROOT / "configs" / "sweeps" / "zoo.yaml"
 STEPS = (25, 100)  # the Diagnostics steps the table reports (the zoo's Diagnostics run every 25)
+MAX_SEED = 2**32 - 1  # what Lightning's seed_everything (numpy's generator) accepts
+
+
+class RunFailed(Exception):
+    """A run's ``fit`` exited with an error (its output went to this script's stderr)."""
 
 
 def alpha_args(alpha: float) -> list[str]:
@@ -64,20 +72,40 @@ def zoo() -> SweepSpec:
     return SweepSpec.load(str(ZOO))
 
 
+def command(name: str, overlay: str, extra: list[str], experiment: str, lr: float, seed: int) -> list[str]:
+    """The run's ``fit`` command: the sweep's own command for the cell (``Run.argv``: its configs and args; the seed
+    sets the data order too), under this script's experiment and run name."""
+    spec = dataclasses.replace(zoo(), name=experiment, lrs=[lr], seeds=[seed])
+    argv = Run(Path(overlay).stem, lr, None, seed).argv(spec, extra=extra)
+    return [f"--run_name={name}" if a.startswith("--run_name=") else a for a in argv]  # the cell's name otherwise
+
+
+def missing_config(argv: list[str]) -> str | None:
+    """The first ``-c`` file of a command that is not a file under ROOT (None when every one is)."""
+    configs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-c"]
+    return next((c for c in configs if not (ROOT / c).is_file()), None)
+
+
 def train(name: str, overlay: str, extra: list[str], experiment: str, lr: float, seed: int, threads: int) -> Path:
-    """One run as the zoo trains it: the sweep's own command for the cell (``Run.argv``: its configs and args; the seed
-    sets the data order too), under this script's experiment and run name; skipped when it finished."""
+    """One run as the zoo trains it (:func:`command`); skipped when it finished.
+
+    Raises:
+        RunFailed: the fit exited with an error.
+    """
     run_dir = ROOT / "runs" / "lm" / experiment / name
     summary = run_dir / "summary.json"
     if summary.is_file() and read_json(summary, "run summary").get("status") in DONE:  # as a sweep skips it
         return run_dir
-    spec = dataclasses.replace(zoo(), name=experiment, lrs=[lr], seeds=[seed])
-    argv = Run(Path(overlay).stem, lr, None, seed).argv(spec, extra=extra)
-    command = [f"--run_name={name}" if a.startswith("--run_name=") else a for a in argv]  # the cell's name otherwise
+    argv = command(name, overlay, extra, experiment, lr, seed)
     print(f"training {name} ...", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run([*command, "--trainer.enable_progress_bar=false"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                   env=env)  # fmt: skip
+    try:
+        subprocess.run([*argv, "--trainer.enable_progress_bar=false"], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL, env=env)  # fmt: skip
+    except subprocess.CalledProcessError as err:
+        raise RunFailed(
+            f"run {name} failed: fit exited with {err.returncode} (its output is above); {run_dir}"
+        ) from None
     return run_dir
 
 
@@ -114,20 +142,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layer", choices=sorted(PORT), required=True)
     parser.add_argument("--scheme", choices=("pre", "siamese"), default="pre", help="the placement the layer runs in")
     parser.add_argument("--alphas", default="port,2,4,8,16", help="comma-separated: port (the recipe's) or numbers")
-    parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--lr", default="1e-2", help="the learning rate of every run (a finite number > 0)")
+    parser.add_argument("--seed", default="1", help=f"the seed of every run and of its data order (0 to {MAX_SEED})")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each, as the zoo's)")
     parser.add_argument("--out", type=Path, required=True, help="folder for alpha.md and curves.png")
     parser.add_argument("--overwrite", action="store_true", help="replace alpha.md and curves.png in --out")
     args = parser.parse_args(argv)
     alphas = [a.strip() for a in args.alphas.split(",") if a.strip()]
-    for a in alphas:
-        if a != "port":
-            try:
-                if float(a) <= 0:
-                    raise ValueError
-            except ValueError:
-                parser.error(f"--alphas: {a!r} is not 'port' or a positive number")
+    try:  # the shared number check: nan, inf and 1e400 are refused as well as 0 and -2
+        for a in alphas:
+            if a != "port":
+                number(a, "--alphas", low=0, low_open=True, where="command line; each 'port' or a number")
+        args.lr = number(args.lr, "--lr", low=0, low_open=True, where="command line")
+        args.seed = number(args.seed, "--seed", kind=int, low=0, high=MAX_SEED, where="command line")
+    except InputError as e:
+        parser.error(str(e))
+    if not alphas:
+        parser.error(f"--alphas={args.alphas!r} names no alpha; valid: comma-separated 'port' or numbers > 0")
     try:  # before any training: an existing table is not replaced without --overwrite
         md, png = (new_file(args.out / name, "--out", args.overwrite) for name in ("alpha.md", "curves.png"))
     except InputError as e:
@@ -144,6 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     for a in alphas:
         name = prefix + (f"{args.layer}-{a}" if a == "port" else f"{args.layer}-a{a}")
         runs.append((name, "recipe" if a == "port" else a, str(cell), [] if a == "port" else alpha_args(float(a))))
+    for name, _, overlay, extra in runs:  # every config every run reads exists, before the first one starts
+        if (config := missing_config(command(name, overlay, extra, experiment, args.lr, args.seed))) is not None:
+            parser.error(f"run {name}: its config {config} does not exist (the zoo cell's, {ZOO.relative_to(ROOT)}); "
+                         "valid: restore it (git checkout) or choose another --layer / --scheme")  # fmt: skip
     lines = ["| run | alpha | final train | final val | status | stream RMS after the last block, step "
              f"{STEPS[0]} -> {STEPS[1]} | saturated share (\\|z\\| > 2), MLP-site norms | the same, final norm |",
              "| --- | --- | ---: | ---: | --- | --- | --- | --- |"]  # fmt: skip
@@ -172,5 +207,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except UsageExit as e:  # a bad option: its one line, exit status 2, before any training
-        sys.exit(print(e.code, file=sys.stderr) or 2)
+    except SuiteError as e:  # a bad option or file (zoo.yaml too): its one line, exit status 2, before any training
+        sys.exit(print(f"error: {e}", file=sys.stderr) or 2)
+    except RunFailed as e:
+        sys.exit(print(f"error: {e}", file=sys.stderr) or 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
+from experiments.reliability.errors import UsageExit
 from experiments.sweeps.spec import Run, SweepSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,3 +110,60 @@ def test_a_layer_without_a_recipe_under_the_scheme_is_one_line_and_exit_2(tmp_pa
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "siamese-derf-gpt2.yaml" in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def refused(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """``main(argv)``'s one-line refusal, asserting that no run was started."""
+    monkeypatch.setattr(alpha_sweep.subprocess, "run", lambda *a, **k: pytest.fail(f"a run started: {a}"))
+    with pytest.raises(UsageExit) as caught:
+        alpha_sweep.main(argv)
+    assert caught.value.code.startswith("error: ") and "\n" not in caught.value.code, caught.value.code
+    return caught.value.code
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [("--alphas=port,nan", "--alphas='nan' is not a finite number"), ("--alphas=inf", "--alphas='inf' is not a fin"),
+     ("--alphas=1e400", "--alphas='1e400' is not a finite"), ("--alphas=,", "names no alpha"),
+     ("--lr=nan", "--lr='nan' is not a finite number (command line); valid: finite numbers > 0"),
+     ("--lr=-0.01", "--lr='-0.01' must be > 0"), ("--lr=0", "--lr='0' must be > 0"),
+     ("--seed=-1", "--seed='-1' must be >= 0 and <= 4294967295"), ("--seed=1.5", "--seed='1.5' is not a whole")],
+)  # fmt: skip
+def test_a_bad_number_is_refused_before_any_run(option: str, says: str, tmp_path: Path, monkeypatch):
+    assert says in refused(["--layer", "dyt", option, "--out", str(tmp_path / "out")], monkeypatch)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_config_of_a_run_is_named_before_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The zoo cell's overlay of the base run is gone (a checkout without it): refused, naming the run and the file,
+    before the first run starts (it used to fail in that run's fit, a CalledProcessError traceback)."""
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    (tmp_path / "configs/norm/pre-port-trunk.yaml").unlink()
+    monkeypatch.setattr(alpha_sweep, "ROOT", tmp_path)
+    monkeypatch.setattr(alpha_sweep, "ZOO", tmp_path / "configs/sweeps/zoo.yaml")
+    alpha_sweep.zoo.cache_clear()
+    try:
+        line = refused(["--layer", "dyt", "--alphas=port,8", "--out", str(tmp_path / "out")], monkeypatch)
+    finally:
+        alpha_sweep.zoo.cache_clear()
+    assert "run base: its config configs/norm/pre-port-trunk.yaml does not exist" in line, line
+    assert "configs/sweeps/zoo.yaml" in line and not (tmp_path / "out").exists()
+
+
+def test_nan_lr_through_the_script_is_one_line_and_exit_2(tmp_path: Path):
+    command = [sys.executable, str(ROOT / "scripts" / "alpha_sweep.py"), "--layer", "dyt", "--lr=nan",
+               "--out", str(tmp_path / "out")]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: --lr='nan' is not a finite number (command line)"), out.stderr
+    assert not (tmp_path / "out").exists() and "training" not in out.stdout
+
+
+def test_a_failed_run_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    def fails(command, **kw):
+        raise subprocess.CalledProcessError(1, command)
+
+    monkeypatch.setattr(alpha_sweep, "ROOT", tmp_path)  # no finished run there
+    monkeypatch.setattr(alpha_sweep.subprocess, "run", fails)
+    with pytest.raises(alpha_sweep.RunFailed, match=r"^run dyt-a8 failed: fit exited with 1 \(its output is above\)"):
+        alpha_sweep.train("dyt-a8", "configs/norm/pre-dyt-llama.yaml", [], "x", 0.05, 2, 1)

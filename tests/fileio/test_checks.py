@@ -47,6 +47,14 @@ def test_number_ranges_and_whole_numbers():
         number(-5, "a", kind=int, low=1)
 
 
+def test_a_whole_bound_is_written_in_full():
+    """A seed's upper bound reads 4294967295, not 4.29497e+09 (which is not the bound a user can type)."""
+    with pytest.raises(InputError, match=r"^--seed='5e9' must be >= 0 and <= 4294967295 \(command line\)$"):
+        number("5e9", "--seed", kind=int, low=0, high=2**32 - 1, where="command line")
+    with pytest.raises(InputError, match=r"must be > 0.5 and < 1e\+30"):
+        number(2e30, "x", low=0.5, high=1e30, low_open=True, high_open=True)
+
+
 def test_new_file_and_output_dir(tmp_path: Path):
     existing = tmp_path / "stats.npz"
     existing.write_bytes(b"x")
