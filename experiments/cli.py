@@ -25,14 +25,17 @@ anything is built (:mod:`experiments.reliability.config_files`).
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import re
+import shutil
 import sys
 import warnings
 from pathlib import Path
 
 import lightning as L
+import torch
 import yaml
 from jsonargparse import ActionYesNo, ArgumentError
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
@@ -44,6 +47,7 @@ from experiments.monitoring.model_summary import has_model_summary, model_summar
 from experiments.monitoring.progress_bar import has_progress_bar, progress_bar
 from experiments.monitoring.summary import RunSummary
 from experiments.monitoring.tensorboard import SuiteTensorBoardLogger, epochs_are_the_budget
+from experiments.parallel.config import check_parallel_layout
 from experiments.reliability.checkpointing import (
     LIGHTNING_KEYWORDS,
     AtomicCheckpointIO,
@@ -58,6 +62,7 @@ from experiments.reliability.config_files import (
     check_config_files,
     check_finite_numbers,
     check_parsed_class_paths,
+    command_line_flag,
     config_paths,
     explain_parse_error,
     origin_of,
@@ -71,6 +76,7 @@ from experiments.reliability.layout import (
     claim_run_dir,
     clear_output_dir,
     ensure_writable,
+    held_artifacts,
     mark,
     refuse_existing,
     run_dir_for,
@@ -191,7 +197,7 @@ class SuiteCLI(LightningCLI):
             _check_init_from(str(init_from), self._argv)
         parser = self._subcommand_parsers.get(self.subcommand, self.parser) if self.subcommand else self.parser
         check_finite_numbers(config, parser.get_defaults(), self._argv)
-        self._overwrite = bool(config.get("overwrite"))
+        self._overwrite = command_line_flag(self._argv, "overwrite")  # typed by the person, never from a file
         config.overwrite = False  # asked for this once: a saved config never replaces anything on its own
         if config.get("weights_only") is False:
             raise SuiteError(
@@ -236,7 +242,7 @@ class SuiteCLI(LightningCLI):
             raise SuiteError(f"--ckpt_path: the run's {err}; valid: a run whose config.yaml reads back") from None
         config_now = yaml.safe_load(parser.dump(config, skip_check=True, skip_none=False))
         changes = _changed_settings(saved, config_now)
-        allowed = bool(config.get("resume_with_changes"))
+        allowed = command_line_flag(self._argv, "resume_with_changes")  # typed, never from a file
         config.resume_with_changes = False  # asked for this resume only: a rerun of config.yaml asks again
         if not changes:
             return
@@ -265,16 +271,23 @@ class SuiteCLI(LightningCLI):
                 last = self.subcommand != "fit" and str(config.get("ckpt_path")) == "last"
                 if last and newest_readable(run_dir / "checkpoints") is None:  # the error, before anything is written
                     resolve_checkpoint("last", run_dir / "checkpoints", stage=self.subcommand)
+                if self.subcommand == "fit":
+                    self._check_before_writing(config, run_dir)
                 if rank_zero_only.rank == 0:  # before the run is written; the other DDP ranks are the same run
                     acquire_run_lock(run_dir)
-                if self.subcommand == "fit":
-                    claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
-                    if self._keep_config is not None:  # --resume_with_changes: the config it resumed from stays
-                        kept = _free_name(run_dir, "config.before-resume-{}.yaml")
-                        atomic_write_bytes(kept, self._keep_config.read_bytes())
-                ensure_writable(run_dir)
-                mark(run_dir, self.subcommand)
-                record_holder(run_dir, self.subcommand)
+                self._made_run_dir = not run_dir.exists()  # a refusal from here on removes what this made
+                try:
+                    if self.subcommand == "fit":
+                        claim_run_dir(run_dir, resuming=config.get("ckpt_path") is not None, overwrite=self._overwrite)
+                        if self._keep_config is not None:  # --resume_with_changes: the config it resumed from stays
+                            kept = _free_name(run_dir, "config.before-resume-{}.yaml")
+                            atomic_write_bytes(kept, self._keep_config.read_bytes())
+                    ensure_writable(run_dir)
+                    mark(run_dir, self.subcommand)
+                    record_holder(run_dir, self.subcommand)
+                except BaseException as err:
+                    self._discard_if_refused(err)
+                    raise
             kwargs["default_root_dir"] = str(run_dir)
             if trainer_config.get("logger") in (None, True) and "logger" not in kwargs:
                 kwargs["logger"] = SuiteTensorBoardLogger(
@@ -293,7 +306,49 @@ class SuiteCLI(LightningCLI):
         if trainer_config.get("enable_model_summary") is not False and not has_model_summary(trainer_config):
             self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], model_summary()]
             kwargs["enable_model_summary"] = False  # Lightning adds none of its own (nor says it skipped one)
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except BaseException as err:
+            self._discard_if_refused(err)
+            raise
+
+    def _check_before_writing(self, config, run_dir: Path) -> None:
+        """What ``fit`` refuses before it claims, creates or writes anything (the model is built, nothing is
+        launched): the parallel layout, the checkpoint it resumes (it must fit the model, shapes and scheme)
+        and the export ``init_from`` starts from (its weights must load into the model)."""
+        model = self.model
+        net = getattr(model, "net", None)
+        seq_len = getattr(model, "sequence_length", None)
+        check_parallel_layout(
+            config.get("trainer"), getattr(net, "trunk", None), seq_len if isinstance(seq_len, int) else None,
+            lambda key: origin_of(key, self._argv),
+        )  # fmt: skip
+        ckpt = config.get("ckpt_path")
+        if ckpt is not None:
+            resolved = resolve_checkpoint(str(ckpt), run_dir / "checkpoints", stage="fit")
+            self._resolved_ckpt = (str(ckpt), run_dir / "checkpoints", resolved)
+            if resolved is not None and Path(resolved).exists() and "://" not in resolved:
+                check_checkpoint_fits(model, resolved)
+        init_from = (getattr(model, "hparams", None) or {}).get("init_from")
+        if init_from is not None and isinstance(net, torch.nn.Module):
+            _check_init_from(str(init_from), self._argv, net)
+
+    def _discard_if_refused(self, err: BaseException) -> None:
+        """A refusal leaves nothing behind: when this command made the run directory and is refused (a user error,
+        exit status 2) before its first training step and first checkpoint, the directory goes again, so the
+        corrected command is not told that the directory "already holds a run"."""
+        from experiments.reliability.errors import describe
+
+        run_dir, trainer = self._run_dir, getattr(self, "trainer", None)
+        if run_dir is None or not getattr(self, "_made_run_dir", False) or rank_zero_only.rank != 0:
+            return
+        described = describe(err)
+        if described is None or described[0] != 2:
+            return
+        if (trainer is not None and trainer.global_step > 0) or held_artifacts(run_dir).count("checkpoints/"):
+            return
+        shutil.rmtree(run_dir, ignore_errors=True)
+        self._made_run_dir = False
 
     def _parse_ckpt_path(self) -> None:
         """Keeps the model config as given. LightningCLI would replace it with the hyperparameters saved in
@@ -308,7 +363,12 @@ class SuiteCLI(LightningCLI):
             if self.subcommand != "fit":
                 rank_zero_info(f"{self.subcommand}: no --ckpt_path given, so the untrained model is evaluated")
             return
-        resolved = resolve_checkpoint(str(ckpt_path), checkpoint_dir(self.trainer), stage=self.subcommand)
+        where = checkpoint_dir(self.trainer)
+        early = getattr(self, "_resolved_ckpt", None)  # fit: resolved before anything was written
+        if early is not None and early[:2] == (str(ckpt_path), where):
+            resolved = early[2]
+        else:
+            resolved = resolve_checkpoint(str(ckpt_path), where, stage=self.subcommand)
         config["ckpt_path"] = resolved
         config["weights_only"] = True
         if resolved is not None and Path(resolved).is_file():
@@ -359,6 +419,7 @@ class SuiteCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except BaseException as err:
+            self._discard_if_refused(err)
             if self._run_dir is None or not _disk_full(err):
                 raise
             newest = newest_readable(checkpoint_dir(self.trainer))
@@ -414,15 +475,25 @@ def _names_a_place(argv: list[str]) -> bool:
     return False
 
 
-# What a resume may change without the run's records going wrong: how long and how it trains and logs.
-RESUME_COMPARED = ("model", "data", "seed_everything")
+# What a resume may not change without the run's records going wrong (how long it trains and how it logs may):
+# the model, the data, the seed, and the job's shape: the world size (devices x nodes) and the strategy, since a
+# resume on another world size changes the global batch, and config.yaml would claim it for the whole run.
+RESUME_COMPARED = ("model", "data", "seed_everything", "trainer.devices", "trainer.num_nodes", "trainer.strategy")
+
+
+def _at(config: dict, dotted: str):
+    for part in dotted.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    if isinstance(config, str) and config.lstrip("-").isdigit():
+        return int(config)  # (--trainer.devices=2 parses as the string '2'; the saved config holds 2)
+    return config
 
 
 def _changed_settings(saved: dict, now: dict) -> list[str]:
-    """``["model.init_args.optim.lr: 0.001 -> 0.002", ...]``: the model / data / seed settings that differ."""
+    """``["model.init_args.optim.lr: 0.001 -> 0.002", ...]``: the :data:`RESUME_COMPARED` settings that differ."""
     old, new = (
-        dict(_flat({k: saved.get(k) for k in RESUME_COMPARED})),
-        dict(_flat({k: now.get(k) for k in RESUME_COMPARED})),
+        dict(_flat({k: _at(saved, k) for k in RESUME_COMPARED})),
+        dict(_flat({k: _at(now, k) for k in RESUME_COMPARED})),
     )
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
             if old.get(key) != new.get(key)]  # fmt: skip
@@ -467,16 +538,33 @@ def _missing_sections(text: str, argv: list[str]) -> str | None:
     )
 
 
-def _check_init_from(folder: str, argv: list[str]) -> None:
+def _check_init_from(folder: str, argv: list[str], net: torch.nn.Module | None = None) -> None:
     """Reads the folder ``init_from`` names (config.json and weights, checked) before any run directory is made,
-    so a corrupted, swapped or foreign export is one line naming it and where it was given."""
-    from models.loaders.suite_export import read_suite_export
+    so a corrupted, swapped or foreign export is one line naming it and where it was given; with ``net``, also
+    loads it into a copy of the network on the meta device (no memory): an export that does not fit is refused
+    before the run is claimed, not in ``setup`` after."""
+    from models.loaders.suite_export import load_suite_export, read_suite_export
 
     try:
-        read_suite_export(folder)
+        if net is None:
+            read_suite_export(folder)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # ("copying ... to a meta parameter is a no-op": the point)
+                load_suite_export(_meta_copy(net), folder)
     except ValueError as err:
         origin = origin_of("model.init_args.init_from", argv)
         raise SuiteError(f"model.init_args.init_from={folder} ({origin}): {err}") from None
+
+
+def _meta_copy(net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` copied with every parameter and buffer on the meta device (tied weights stay tied)."""
+    memo: dict[int, object] = {}
+    for tensor in [*net.parameters(), *net.buffers()]:
+        empty = torch.empty_like(tensor, device="meta")
+        is_parameter = isinstance(tensor, torch.nn.Parameter)
+        memo[id(tensor)] = torch.nn.Parameter(empty, tensor.requires_grad) if is_parameter else empty
+    return copy.deepcopy(net, memo)
 
 
 def _evaluated_run(subcommand: str, ckpt: object, argv: list[str]) -> Path | None:

@@ -1,11 +1,17 @@
-"""What a config says about sharding: FSDP2's mixed precision and resharding (the mesh itself is the strategy's)."""
+"""What a config says about sharding: FSDP2's mixed precision and resharding (the mesh itself is the strategy's),
+and the check of the whole parallel layout (world size, mesh sizes, what tensor parallelism must divide) that
+``fit`` runs before anything is launched or written (:func:`check_parallel_layout`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+
+from experiments.parallel.tensor import check_tensor_parallel
+from experiments.reliability.errors import SuiteError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -34,3 +40,103 @@ class ParallelConfig:
         if self.param_dtype == "auto":
             return torch.float32 if device_type == "cpu" else torch.bfloat16
         return DTYPES[self.param_dtype]
+
+
+#################################################################################
+#             The parallel layout, checked before anything is launched          #
+#################################################################################
+
+MAX_PARALLEL = 1 << 16  # processes: no mesh axis of a real job is larger
+_SIZES = ("data_parallel_size", "tensor_parallel_size")
+
+
+def _count_devices(devices: Any) -> int | None:
+    """How many devices per node ``trainer.devices`` names (an int, a list of ids, "0,1"), or None for "auto" / -1
+    (Lightning decides from the hardware)."""
+    if isinstance(devices, bool):
+        return None
+    if isinstance(devices, int):
+        return devices if devices > 0 else None
+    if isinstance(devices, list | tuple):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip() not in ("auto", "-1", ""):
+        parts = [p for p in devices.split(",") if p.strip()]
+        if len(parts) == 1 and parts[0].strip().isdigit() and "," not in devices:
+            return int(parts[0])
+        return len(parts)
+    return None
+
+
+def _whole(value: Any) -> Any:
+    """``"2"`` -> 2 (``--trainer.devices=2`` parses as a string); anything else as it is."""
+    return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
+
+
+def _get(section: Any, key: str, default: Any = None) -> Any:
+    if section is None:
+        return default
+    if isinstance(section, Mapping):
+        return section.get(key, default)
+    return getattr(section, key, default)
+
+
+def check_parallel_layout(trainer: Any, trunk: Any, seq_len: int | None, origin: Callable[[str], str]) -> None:
+    """Refuses a parallel layout that cannot run, before any process is launched or any file written.
+
+    Args:
+        trainer: the trainer section of the parsed config (``devices``, ``num_nodes``, ``strategy`` with its
+            ``init_args``), as given: nothing instantiated.
+        trunk: the task's trunk module (tensor parallelism checks its head counts), or None (the VAE).
+        seq_len: the tokens per sample the trunk sees, when the task knows it (tensor parallelism splits it).
+        origin: where a dotted key was set ("command line", a config file, "default").
+
+    Raises:
+        SuiteError: one line naming the option, its value, where it came from and what is valid: a size that is
+            not "auto" or 1 to :data:`MAX_PARALLEL`, ``data_parallel_size x tensor_parallel_size`` other than the
+            world size (``devices x num_nodes``), a tensor-parallel size the trunk's heads (query and key/value),
+            hidden width or sequence length do not divide, tensor parallelism of a trunk it cannot split.
+    """
+    devices, nodes = (_whole(_get(trainer, key, default)) for key, default in (("devices", "auto"), ("num_nodes", 1)))
+    for key, value in (("devices", devices), ("num_nodes", nodes)):
+        whole = isinstance(value, int) and not isinstance(value, bool) and not (value == -1 and key == "devices")
+        if whole and not 1 <= value <= MAX_PARALLEL:
+            valid = f"1 to {MAX_PARALLEL}" + (", or -1 / 'auto' (every device)" if key == "devices" else "")
+            raise SuiteError(f"trainer.{key}={value} ({origin(f'trainer.{key}')}); valid: {valid}")
+    strategy = _get(trainer, "strategy")
+    init_args = _get(strategy, "init_args") if not isinstance(strategy, str) else None
+    if init_args is None:
+        return
+    per_node = _count_devices(devices)
+    world = per_node * nodes if per_node is not None and isinstance(nodes, int) else None
+    sizes: dict[str, int | None] = {}
+    for name in _SIZES:
+        value = _get(init_args, name, "auto")
+        key = f"trainer.strategy.init_args.{name}"
+        if value == "auto":
+            sizes[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
+            raise SuiteError(
+                f"{key}={value!r} ({origin(key)}); valid: 'auto' or a whole number from 1 to {MAX_PARALLEL}"
+                + (f" whose product with the other size is the world size {world}" if world else "")
+            )
+        sizes[name] = value
+    dp, tp = sizes["data_parallel_size"], sizes["tensor_parallel_size"]
+    if dp is None:  # Lightning's "auto": data parallel over the nodes, tensor parallel over one node's devices
+        dp = nodes if isinstance(nodes, int) else None
+    if tp is None:
+        tp = per_node
+    if world is not None and (dp is None or tp is None or dp * tp != world):
+        given = {n: _get(init_args, n, "auto") for n in _SIZES}
+        where = sorted({origin(f"trainer.strategy.init_args.{n}") for n in _SIZES if given[n] != "auto"})
+        raise SuiteError(
+            f"trainer.strategy.init_args.data_parallel_size={given['data_parallel_size']} x tensor_parallel_size="
+            f"{given['tensor_parallel_size']} ({', '.join(where) or 'default'}) is not the world size {world} "
+            f"(trainer.devices={devices} x trainer.num_nodes={nodes}); valid: sizes whose product is {world}"
+        )
+    if tp is not None and tp > 1 and trunk is not None:
+        key = "trainer.strategy.init_args.tensor_parallel_size"
+        try:
+            check_tensor_parallel(trunk, tp, seq_len)
+        except ValueError as err:
+            raise SuiteError(f"{key}={tp} ({origin(key)}): {err}") from None

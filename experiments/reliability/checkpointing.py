@@ -2,7 +2,8 @@
 
     save:    torch.save through fileio.atomic_file: temp file beside it, fsync, rename (never half a file)
     resume:  --ckpt_path last | PATH
-               last: the newest readable *.ckpt of the run (unreadable ones skipped; says which file it took;
+               last: the readable *.ckpt of the run with the highest step recorded inside it (global_step; a
+                     sharded folder's meta.pt), never the file times (unreadable ones skipped; says which it took;
                      validate / test / predict with nothing to take is an error)
                PATH: that file, or a one-line error naming what is wrong with it (never another file)
                -> read with weights_only=True (experiments.reliability.safe_load): no code runs from it
@@ -84,9 +85,39 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def written_at(path: Path) -> float:
     """When a checkpoint was saved: a file's mtime; a sharded folder's ``meta.pt`` (its last file written), since
-    the folder's own time also moves when a reader adds the consolidated cache to it."""
+    the folder's own time also moves when a reader adds the consolidated cache to it. Only breaks ties between
+    checkpoints of the same step (:func:`newest_readable`): a copy or a restore from backup resets times."""
     meta = path / "meta.pt"
     return meta.stat().st_mtime if path.is_dir() and meta.is_file() else path.stat().st_mtime
+
+
+def step_of(checkpoint: dict[str, Any], path: str | Path) -> int:
+    """The training step ``checkpoint`` (read from ``path``) records: its ``global_step``, checked.
+
+    Raises:
+        CheckpointError: ``checkpoint X: global_step='abc' is not a step count; valid: ...`` (one line).
+    """
+    step = checkpoint.get("global_step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            f"checkpoint {path}: its global_step is {step!r}, not a step count; valid: a whole number >= 0, as "
+            "Lightning saves it (was the file edited?)"
+        )
+    return step
+
+
+def recorded_step(path: Path) -> int:
+    """The step a checkpoint was saved at, read from the file (a sharded folder: its ``meta.pt``), never the clock."""
+    return step_of(sharded_view(path) if path.is_dir() else load_checkpoint(path, mmap=True), path)
+
+
+def _rank(path: Path) -> tuple[int, float]:
+    """(recorded step, time written): a checkpoint whose step cannot be read ranks below every other."""
+    try:
+        step = recorded_step(path)
+    except CheckpointError:
+        step = -1
+    return step, written_at(path)
 
 
 def _target_of(aside: Path) -> Path:
@@ -95,18 +126,22 @@ def _target_of(aside: Path) -> Path:
 
 
 def newest_readable(directory: Path, exclude: Path | None = None) -> Path | None:
-    """The most recently written readable ``*.ckpt`` in ``directory`` (``exclude`` aside)."""
+    """The readable ``*.ckpt`` in ``directory`` (``exclude`` aside) with the highest recorded step (the
+    ``global_step`` inside it; a sharded folder's in its ``meta.pt``), the later written among equal steps.
+
+    Never the file times alone: a run directory copied (``cp -r``, rsync without times, a restore) has times
+    in any order, and taking the newest file would resume from an earlier step and train its steps again.
+    """
     if not directory.is_dir():
         return None
     # (a sharded save's two-rename fallback killed between its renames leaves the previous folder aside)
     aside = [p for p in directory.glob(".*.ckpt.*.partial.previous") if previous_dir(_target_of(p)) == p]
-    candidates = sorted([*directory.glob("*.ckpt"), *aside], key=written_at, reverse=True)
-    for candidate in candidates:
-        if exclude is not None and candidate.resolve() == exclude.resolve():
-            continue
-        if checkpoint_problem(candidate) is None:
-            return candidate
-    return None
+    readable = [
+        p
+        for p in [*directory.glob("*.ckpt"), *aside]
+        if (exclude is None or p.resolve() != exclude.resolve()) and checkpoint_problem(p) is None
+    ]
+    return max(readable, key=_rank, default=None)
 
 
 def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path, stage: str = "fit") -> str | None:
@@ -131,7 +166,7 @@ def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path, stage: str = "fit")
     if ckpt_path == "last":
         found = newest_readable(checkpoint_dir)
         broken = [p for p in checkpoint_dir.glob("*.ckpt") if checkpoint_problem(p)] if checkpoint_dir.is_dir() else []
-        newer_broken = [p for p in broken if found is None or written_at(p) > written_at(found)]
+        newer_broken = sorted(broken)  # (no step can be read from them: every one is named)
         skipped = f" (skipped unreadable {', '.join(p.name for p in newer_broken)})" if newer_broken else ""
         if found is None and stage != "fit":
             raise CheckpointError(
@@ -185,6 +220,7 @@ def check_checkpoint_fits(model: L.LightningModule, path: str) -> None:
     state = ckpt.get("state_dict")
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds no 'state_dict'; it is not a Lightning checkpoint")
+    step_of(ckpt, path)  # the loops resume from it
     own = model.state_dict()
     strict = getattr(model, "strict_loading", True)
     missing = [k for k in own if k not in state] if strict else []

@@ -268,15 +268,46 @@ def check_argument_text(argv: Iterable[str]) -> None:
         option = arg if arg.startswith("-") and not sep else "a command-line argument"
 
 
+# Options that give permission: to replace what exists (``--overwrite``), to resume a run with other settings
+# (``--resume_with_changes``). Only the person typing the command gives them: a config file is often someone
+# else's, so a ``-c`` file that says ``overwrite: true`` is refused, and the value the command uses is the
+# command line's (:func:`command_line_flag`).
+PERMISSION_FLAGS = ("overwrite", "resume_with_changes")
+
+
+def command_line_flag(argv: Iterable[str], name: str) -> bool:
+    """Whether the command line itself sets the yes/no option ``--name`` (the last of ``--name`` / ``--no_name``);
+    what a ``-c`` file says is not looked at."""
+    value = False
+    for arg in argv:
+        if arg == f"--{name}":
+            value = True
+        elif arg == f"--no_{name}":
+            value = False
+    return value
+
+
+def _check_no_permission(data: dict[str, Any], path: str) -> None:
+    """Refuses a config file granting a :data:`PERMISSION_FLAGS` permission (a saved config records false)."""
+    for name in PERMISSION_FLAGS:
+        if data.get(name) not in (None, False):
+            raise SuiteError(
+                f"{name}: {data[name]!r} ({path}) is a permission a config file cannot give (a config is often "
+                f"someone else's); valid: {name}: false or left out, and --{name} typed on the command line"
+            )
+
+
 def check_config_files(argv: Iterable[str]) -> None:
-    """Reads every ``-c`` file once (see :func:`read_config`), checks the class paths the command line names
-    and refuses two files of different tasks."""
+    """Reads every ``-c`` file once (see :func:`read_config`), checks the class paths the command line names,
+    refuses a file that grants a permission (:data:`PERMISSION_FLAGS`) and two files of different tasks."""
     argv = list(argv)
     check_argument_text(argv)
     check_argument_class_paths(argv)
     first: tuple[str, str] | None = None
     for path in config_paths(argv):
-        task = _task_of(read_config(path))
+        data = read_config(path)
+        _check_no_permission(data, path)
+        task = _task_of(data)
         if task is None:
             continue  # an overlay: scheme, trainer, sizes
         if first is None:

@@ -1,0 +1,216 @@
+"""Issue #43, faults of the fourth round through the real command line: what loses a run (a permission taken from
+a file, "last" by the clock, a refusal that leaves a run directory behind), resumes that change the job silently or
+half-way, and parallel options checked only after work started. Each: exit 2, one ``error:`` line naming the value,
+where it came from and what is valid, and every file that existed before unchanged."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from experiments.__main__ import main
+from experiments.reliability.safe_load import load_checkpoint
+from tests.experiments.test_hostile_configs import error_line
+from tests.experiments.test_hostile_exports import export  # noqa: F401 - the module fixture: an LM export
+from tests.experiments.test_hostile_resume import digest, fit_args
+
+ROOT = Path(__file__).resolve().parents[2]
+STRATEGY = "--trainer.strategy=experiments.reliability.sharded.ModelParallelStrategy"
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, corpus) -> Path:
+    """runs/lm/tiny/pre trained 2 steps (last.ckpt and the best checkpoint at step 2)."""
+    runs = tmp_path_factory.mktemp("stopped4")
+    main(fit_args(runs, corpus, "--trainer.max_steps=2"))
+    return runs
+
+
+def copy_of(stopped: Path, tmp_path: Path) -> tuple[Path, Path]:
+    runs = tmp_path / "runs"
+    shutil.copytree(stopped, runs)
+    return runs, runs / "lm" / "tiny" / "pre"
+
+
+#################################################################################
+#          Permission to destroy comes from the command line only               #
+#################################################################################
+
+
+@pytest.mark.parametrize("flag", ["overwrite", "resume_with_changes"])
+def test_a_config_file_granting_a_permission_is_refused(flag, stopped, tmp_path, corpus, capsys):
+    runs, run = copy_of(stopped, tmp_path)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"{flag}: true\n")
+    before = digest(tmp_path)
+    extra = ["--ckpt_path=last", "--model.init_args.optim.lr=0.05"] if flag == "resume_with_changes" else []
+    line = error_line(fit_args(runs, corpus, "--trainer.max_steps=3", "-c", str(mine), *extra), capsys)
+    assert line == (
+        f"error: {flag}: True ({mine}) is a permission a config file cannot give (a config is often someone "
+        f"else's); valid: {flag}: false or left out, and --{flag} typed on the command line"
+    ), line
+    assert digest(tmp_path) == before  # the run's checkpoints and records are all still there
+
+
+#################################################################################
+#          --ckpt_path last: the highest recorded step, not the newest file     #
+#################################################################################
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_last_resumes_the_highest_step_after_a_copy_reset_the_file_times(stopped, tmp_path, corpus):
+    runs, run = copy_of(stopped, tmp_path)
+    ckpts = run / "checkpoints"
+    step2 = (ckpts / "last.ckpt").read_bytes()
+    main(fit_args(runs, corpus, "--trainer.max_steps=4", "--ckpt_path=last"))
+    at4 = {p for p in ckpts.glob("*.ckpt") if load_checkpoint(p)["global_step"] == 4}
+    assert at4  # (in a copied run Lightning saves last-v1.ckpt beside the copied last.ckpt)
+    for old in set(ckpts.glob("*.ckpt")) - at4:
+        old.unlink()
+    (ckpts / "epoch=0-step=2.ckpt").write_bytes(step2)  # as a restore without times leaves it: the newest file
+    later = time.time() + 100
+    os.utime(ckpts / "epoch=0-step=2.ckpt", (later, later))
+    lines = _Lines()
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    logger.addHandler(lines)
+    try:
+        main(fit_args(runs, corpus, "--trainer.max_steps=5", "--ckpt_path=last"))
+    finally:
+        logger.removeHandler(lines)
+    (said,) = [x for x in lines.lines if x.startswith("--ckpt_path last: resuming from")]
+    assert said in {f"--ckpt_path last: resuming from {p}" for p in at4}, said
+    assert max(load_checkpoint(p)["global_step"] for p in ckpts.glob("*.ckpt")) == 5
+
+
+def test_a_checkpoint_whose_global_step_is_not_a_number_is_named(stopped, tmp_path, corpus, capsys):
+    runs, run = copy_of(stopped, tmp_path)
+    edited = run / "checkpoints" / "edited.ckpt"
+    payload = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    torch.save({**payload, "global_step": "abc"}, edited)
+    before = digest(tmp_path)
+    line = error_line(fit_args(runs, corpus, "--trainer.max_steps=4", f"--ckpt_path={edited}"), capsys)
+    assert line == (
+        f"error: checkpoint {edited}: its global_step is 'abc', not a step count; valid: a whole number >= 0, as "
+        "Lightning saves it (was the file edited?)"
+    ), line
+    assert digest(tmp_path) == before
+
+
+#################################################################################
+#                  A refusal leaves nothing behind                               #
+#################################################################################
+
+
+def test_a_refused_init_from_makes_no_run_directory(export, tmp_path, corpus, capsys):  # noqa: F811
+    runs = tmp_path / "runs"
+    args = fit_args(runs, corpus, "--trainer.max_steps=1", f"--model.init_args.init_from={export}")
+    args = [a.replace("trunk.depth=1", "trunk.depth=3") for a in args]  # the export has 2 blocks
+    line = error_line(args, capsys)
+    assert line.startswith(f"error: model.init_args.init_from={export} (command line): the export "), line
+    assert "does not fit this model: depth: 2 in the export, 3 here" in line, line
+    assert not runs.exists()  # the corrected command is not told the directory "already holds a run"
+
+
+#################################################################################
+#               Resume: the job's shape, shapes, two resumes in a row            #
+#################################################################################
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (["--trainer.devices=2", "--trainer.accelerator=cpu", "--trainer.strategy=ddp"], "trainer.devices: 1 -> 2"),
+        (["--trainer.num_nodes=2"], "trainer.num_nodes: 1 -> 2"),
+        (["--trainer.strategy=ddp"], "trainer.strategy: 'auto' -> 'ddp'"),
+    ],
+)
+def test_resuming_on_another_world_size_or_strategy_is_refused(change, named, stopped, tmp_path, corpus, capsys):
+    runs, run = copy_of(stopped, tmp_path)
+    before = digest(tmp_path)
+    line = error_line(fit_args(runs, corpus, "--trainer.max_steps=4", "--ckpt_path=last", *change), capsys)
+    assert "with other settings than its config.yaml" in line and named in line, line
+    assert digest(tmp_path) == before
+
+
+def test_a_resume_with_changes_that_changes_a_shape_records_nothing(stopped, tmp_path, corpus, capsys):
+    runs, run = copy_of(stopped, tmp_path)
+    before = digest(tmp_path)
+    args = fit_args(runs, corpus, "--trainer.max_steps=4", "--ckpt_path=last", "--model.init_args.trunk.dim=48",
+                    "--resume_with_changes")  # fmt: skip
+    line = error_line(args, capsys)
+    assert line.startswith(f"error: checkpoint {run / 'checkpoints' / 'last.ckpt'} was trained with dim=32"), line
+    assert digest(tmp_path) == before  # config.yaml still the run's, no config.before-resume-1.yaml
+    main(fit_args(runs, corpus, "--trainer.max_steps=3", "--ckpt_path=last"))  # the run's own command resumes
+
+
+def test_two_resumes_with_changes_keep_each_config(stopped, tmp_path, corpus):
+    runs, run = copy_of(stopped, tmp_path)
+    first = (run / "config.yaml").read_bytes()
+    main(fit_args(runs, corpus, "--trainer.max_steps=3", "--ckpt_path=last", "--model.init_args.optim.lr=0.05",
+                  "--resume_with_changes"))  # fmt: skip
+    second = (run / "config.yaml").read_bytes()
+    main(fit_args(runs, corpus, "--trainer.max_steps=4", "--ckpt_path=last", "--model.init_args.optim.lr=0.01",
+                  "--resume_with_changes"))  # fmt: skip
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"]["init_args"]["optim"]["lr"] == 0.01
+    assert saved["changed_on_resume"] == ["model.init_args.optim.lr: 0.002 -> 0.05",
+                                          "model.init_args.optim.lr: 0.05 -> 0.01"]  # fmt: skip
+    assert (run / "config.before-resume-1.yaml").read_bytes() == first
+    assert (run / "config.before-resume-2.yaml").read_bytes() == second
+    assert max(load_checkpoint(p)["global_step"] for p in (run / "checkpoints").glob("*.ckpt")) == 4
+    main(["fit", "-c", str(run / "config.yaml"), "--trainer.max_steps=5", "--ckpt_path=last"])  # its own config
+    assert max(load_checkpoint(p)["global_step"] for p in (run / "checkpoints").glob("*.ckpt")) == 5
+
+
+#################################################################################
+#          Parallel options: checked before anything is launched or written      #
+#################################################################################
+
+SIZES = "--trainer.strategy.init_args."
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ([f"{SIZES}data_parallel_size=2", f"{SIZES}tensor_parallel_size=2"],
+         "trainer.strategy.init_args.data_parallel_size=2 x tensor_parallel_size=2 (command line) is not the world "
+         "size 1 (trainer.devices=1 x trainer.num_nodes=1); valid: sizes whose product is 1"),
+        ([f"{SIZES}data_parallel_size=0"],
+         "trainer.strategy.init_args.data_parallel_size=0 (command line); valid: 'auto' or a whole number from 1 "
+         "to 65536 whose product with the other size is the world size 1"),
+        ([f"{SIZES}tensor_parallel_size=-2"], "trainer.strategy.init_args.tensor_parallel_size=-2 (command line)"),
+        ([f"{SIZES}data_parallel_size=1000000000"],
+         "trainer.strategy.init_args.data_parallel_size=1000000000 (command line); valid: 'auto'"),
+        (["--trainer.devices=0", f"{SIZES}data_parallel_size=auto"],
+         "trainer.devices=0 (command line); valid: 1 to 65536, or -1 / 'auto'"),
+        (["--trainer.num_nodes=-3"], "trainer.num_nodes=-3 (command line); valid: 1 to 65536"),
+        (["--trainer.devices=3", f"{SIZES}data_parallel_size=1", f"{SIZES}tensor_parallel_size=3"],
+         "trainer.strategy.init_args.tensor_parallel_size=3 (command line): trunk num_heads 2 is not divisible by "
+         "tensor_parallel_size 3"),
+        (["--trainer.devices=2", f"{SIZES}data_parallel_size=1", f"{SIZES}tensor_parallel_size=2",
+          "--model.init_args.trunk.num_heads=4", "--model.init_args.trunk.num_kv_heads=1"],
+         "trainer.strategy.init_args.tensor_parallel_size=2 (command line): "
+         "trunk num_kv_heads 1 is not divisible by tensor_parallel_size 2"),
+    ],
+)  # fmt: skip
+def test_parallel_options_are_refused_before_any_launch_or_write(options, expected, tmp_path, corpus, capsys):
+    runs = tmp_path / "runs"
+    args = fit_args(runs, corpus, "--trainer.max_steps=1", "--trainer.accelerator=cpu", STRATEGY, *options)
+    line = error_line(args, capsys)
+    assert line.startswith(f"error: {expected}"), line
+    assert not runs.exists()  # no run directory claimed, no lock, nothing launched
