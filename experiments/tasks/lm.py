@@ -25,7 +25,6 @@ from annotated_types import Ge
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torchmetrics import MeanMetric
-from torchmetrics.text import Perplexity
 
 from experiments.evaluation.downstream import DownstreamConfig, evaluate_at_test
 from experiments.parallel import ParallelConfig
@@ -37,6 +36,16 @@ from models.layers import Routing, expert_usage
 from models.loaders.suite_export import load_suite_export
 
 ROUTING_STATS = ("moe_aux", "moe_entropy", "moe_load_max", "moe_load_min", "moe_load_ratio")
+
+
+class PerplexityFromLoss(MeanMetric):
+    """Perplexity as ``exp`` of the token-weighted mean cross-entropy (update with each batch's mean loss and its
+    token count). The same number as torchmetrics' ``Perplexity`` without its second full-vocabulary softmax (13
+    GB of logits at the 1.3B shape), and finite where a target's probability underflows to zero in a softmax
+    (its log-softmax does not)."""
+
+    def compute(self) -> Tensor:
+        return super().compute().exp()
 
 
 class LanguageModeling(TaskModule):
@@ -85,7 +94,7 @@ class LanguageModeling(TaskModule):
         # MoE routing statistics of val / test, averaged over the split's batches (synced under DDP)
         names = ROUTING_STATS if trunk.moe_experts else ()
         self.routing = torch.nn.ModuleDict({f"{s}_{n}": MeanMetric() for s in ("val", "test") for n in names})
-        self.ppl = torch.nn.ModuleDict({s: Perplexity() for s in ("val", "test")})
+        self.ppl = torch.nn.ModuleDict({s: PerplexityFromLoss() for s in ("val", "test")})
         self.downstream = downstream
 
     def setup(self, stage: str) -> None:
@@ -125,7 +134,7 @@ class LanguageModeling(TaskModule):
             self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
             return loss + self.moe_aux_weight * routing.loss
         self.losses[split].update(loss, weight=targets.numel())
-        self.ppl[split].update(logits.float(), targets)
+        self.ppl[split].update(loss, weight=targets.numel())
         self.log(f"{split}/loss", self.losses[split], prog_bar=True)
         self.log(f"{split}/ppl", self.ppl[split], prog_bar=split == "val")
         return loss

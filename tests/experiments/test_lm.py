@@ -105,3 +105,30 @@ def test_same_seed_gives_same_losses(tmp_path: Path, data_dir: Path):
     curve_a = json.loads((tmp_path / "a/lm/tiny/pre/summary.json").read_text())["train_curve"]
     curve_b = json.loads((tmp_path / "b/lm/tiny/pre/summary.json").read_text())["train_curve"]
     assert len(curve_a) >= 5 and curve_a == curve_b
+
+
+def test_perplexity_is_exp_of_the_token_weighted_loss_and_stays_finite_where_a_softmax_underflows():
+    """val/ppl from the loss equals torchmetrics' Perplexity (its own softmax) on ordinary logits, weighs batches by
+    their tokens, and stays finite where a target's softmax probability underflows to 0 (torchmetrics: inf)."""
+    import torch.nn.functional as F
+    from torchmetrics.text import Perplexity
+
+    from experiments.tasks.lm import PerplexityFromLoss
+
+    torch.manual_seed(0)
+    ours, reference = PerplexityFromLoss(), Perplexity()
+    for tokens in (12, 4):  # unequal batches: an unweighted mean of the two losses would differ
+        logits, targets = 3 * torch.randn(1, tokens, 50), torch.randint(0, 50, (1, tokens))
+        ours.update(F.cross_entropy(logits.flatten(0, 1), targets.flatten()), weight=targets.numel())
+        reference.update(logits, targets)
+    assert float(ours.compute()) == pytest.approx(float(reference.compute()), rel=1e-5)
+    logits = torch.zeros(1, 100, 8)
+    logits[0, 0, 1] = 120.0  # token 0's target (class 0) has probability e^-120: 0 in a float32 softmax
+    targets = torch.zeros(1, 100, dtype=torch.long)
+    underflow = Perplexity()
+    underflow.update(logits, targets)
+    assert not torch.isfinite(underflow.compute())
+    finite = PerplexityFromLoss()
+    finite.update(F.cross_entropy(logits.flatten(0, 1), targets.flatten()), weight=100)
+    mean_loss = (120.0 + 99 * math.log(8)) / 100  # token 0: 120 nats (up to e^-120); the rest uniform over 8
+    assert float(finite.compute()) == pytest.approx(math.exp(mean_loss), rel=1e-5)
