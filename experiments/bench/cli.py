@@ -20,7 +20,7 @@ from experiments.bench.run import RECOMPUTE_LABELS, RunSpec, bench_tasks
 from experiments.bench.scaling import ScalingRow, bench_scaling, scaling_workloads, write_scaling
 from experiments.bench.workloads import SIZES, TASKS, Workload
 from experiments.reliability.errors import ArgumentParser, UsageExit
-from fileio.checks import number
+from fileio.checks import InputError, number, output_dir
 from models.norms import NormLayer
 from models.schemes import NormScheme
 
@@ -121,16 +121,57 @@ def check_numbers(args: argparse.Namespace) -> None:
     args.depth_width = number(args.depth_width, "--depth-width", kind=int, low=1, high=1 << 16, where=where)
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Where the report (and ``--profile``'s tables) will go, and the shard cache the data timing reads, checked
+    before anything is measured: a file in the way or a directory that cannot be written is one line now, not
+    an error after minutes of measuring."""
+    output_dir(args.out, "--out")
+    if args.data_batches and not args.scaling:
+        output_dir(args.data_dir, "--data-dir")
+
+
+def check_device(text: str) -> torch.device:
+    """``--device`` as torch reads it, refused in one line when torch cannot name it or this machine lacks it.
+
+    Raises:
+        UsageExit: ``--device 'cuda' ...: this machine has no CUDA device; valid: cpu``, and the like.
+    """
+    available = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    available += ["mps"] if torch.backends.mps.is_available() else []
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageExit(
+            f"--device {text!r} is not a device torch knows (command line); valid: {', '.join(available)}"
+        ) from None
+    if device.type not in available:
+        raise UsageExit(f"--device {text!r}: this machine has no {device.type} device; valid: {', '.join(available)}")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageExit(f"--device {text!r}: this machine has {torch.cuda.device_count()} CUDA device(s); valid: "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")  # fmt: skip
+    return device
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
+    """``python -m experiments bench``: every option, and where the report goes, checked first; then the measuring.
+
+    Raises:
+        UsageExit: a bad option, number or path (one line, exit status 2), before anything is measured.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    check_numbers(args)
+    args.out = args.out or ("runs/bench/scaling" if args.scaling else f"runs/bench/{args.task}-{args.size}")
+    try:
+        check_numbers(args)
+        check_paths(args)
+    except InputError as err:  # a UsageExit: one line and exit 2 through python -m experiments.bench too
+        raise UsageExit(str(err)) from None
+    device = check_device(args.device)
     if args.threads and args.device == "cpu":
         torch.set_num_threads(args.threads)
     schemes = parse_schemes(args.schemes)
     tasks = list(TASKS) if args.task == "all" else [args.task]
-    args.out = args.out or ("runs/bench/scaling" if args.scaling else f"runs/bench/{args.task}-{args.size}")
-    opts = Options(torch.device(args.device), args.bf16, args.compile, args.checkpointing)
+    opts = Options(device, args.bf16, args.compile, args.checkpointing)
     header = {"command": shlex.join(["python", "-m", "experiments", "bench", *argv]), **machine_info(opts.device)}
     header["settings"] = (
         f"{args.steps} measured rounds after {args.warmup} warm-up rounds; bf16 {'on' if args.bf16 else 'off'}, "
