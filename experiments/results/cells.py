@@ -19,7 +19,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from experiments.results.equivalence import default_margin
 from experiments.results.stats import Estimate, PairedComparison, estimate, paired
+from experiments.results.verdicts import SliceAnalysis, Verdict, analyse
 
 AXES = ("scheme", "overlay", "lr", "warmup")  # grid coordinates other than the seed, in display order
 PRIMARY = "metric"  # a run row's key for the sweep's metric (the header shows its real name)
@@ -127,6 +129,8 @@ class CellStats:
         is_baseline: whether the cell is the baseline's.
         mixed_protocols: the cell's tested runs were measured under different test protocols, so a test
             metric gets no mean.
+        verdict: the cell's verdict against the baseline from its slice's analysis (the sweep's own metric
+            only; None for the baseline, other metrics, or without a baseline).
     """
 
     cell: Cell
@@ -135,6 +139,7 @@ class CellStats:
     versus: PairedComparison | None
     is_baseline: bool
     mixed_protocols: bool = False
+    verdict: Verdict | None = None
 
 
 def cell_stats(
@@ -148,6 +153,7 @@ def cell_stats(
     """
     out = []
     is_test = (metric or key).startswith("test/")
+    verdicts = slice_verdicts(cells, baseline, metric or key, key=key)[0] if key == PRIMARY and baseline else {}
     for cell in cells:
         mixed = is_test and len(cell.protocols()) > 1
         values = {} if mixed else cell.values(key)
@@ -164,9 +170,58 @@ def cell_stats(
                 versus,
                 baseline is not None and cell.scheme == baseline,
                 mixed,
+                verdicts.get(cell.key),
             )  # fmt: skip
         )
     return out
+
+
+def slice_key(cell: Cell) -> tuple:
+    """The cell's coordinates without its scheme: equal for the cells of one slice (one lr, one option)."""
+    return tuple((k, v) for k, v in cell.key if k != "scheme")
+
+
+def slice_verdicts(
+    cells: list[Cell],
+    reference: str | None,
+    metric: str,
+    margin: float | None = None,
+    key: str = PRIMARY,
+    thresholds: tuple[float, float] | None = None,
+) -> tuple[dict[tuple, Verdict], dict[tuple, SliceAnalysis]]:
+    """Every cell's verdict against ``reference`` from its slice's block analysis
+    (:func:`experiments.results.verdicts.analyse`), and each slice's analysis.
+
+    Only finished runs enter. A test metric is analysed only over cells measured under the reference's test
+    protocol; a cell under another is not comparable.
+
+    Returns:
+        ``({cell key: Verdict}, {slice key: SliceAnalysis})``; the reference's own cells get no verdict.
+    """
+    if reference is None:
+        return {}, {}
+    margin = default_margin(metric) if margin is None else margin
+    by_slice: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        by_slice.setdefault(slice_key(cell), []).append(cell)
+    verdicts, analyses = {}, {}
+    for where, members in by_slice.items():
+        ref = next((c for c in members if c.scheme == reference), None)
+        data, other = {}, {}
+        for cell in members:
+            if metric.startswith("test/") and ref is not None and cell.protocols() != ref.protocols():
+                other[cell.key] = Verdict("not comparable", 0, why="different test protocols")
+                continue
+            data[cell.scheme] = cell.values(key)
+        if ref is None:
+            for cell in members:
+                verdicts[cell.key] = Verdict("not comparable", 0, why=f"no {reference} cell")
+            continue
+        analyses[where] = analyse(data, reference, metric, margin, thresholds=thresholds)
+        for cell in members:
+            if cell.scheme != reference:
+                verdicts[cell.key] = other.get(cell.key) or analyses[where].verdicts[cell.scheme]
+    return verdicts, analyses
 
 
 # Recorded with a run's test protocol for provenance, but they name the run, not how it was measured.

@@ -6,12 +6,15 @@ measurement of the same claim with its uncertainty, the command that produced it
 
 The claims, the paper's values and where each is measured here are data (``docs/results/paper.yaml``, strings
 and numbers, documented at its top); the measurements are read from the exports it names, so the table
-changes when an export does and ``readme --check`` sees it. Verdicts, per compared cell:
+changes when an export does and ``readme --check`` sees it. Verdicts, per compared cell, from the slice's
+randomized-block analysis against ``versus`` (:mod:`experiments.results.verdicts`, the same analysis as the
+exported tables' ``verdict`` column):
 
-    holds                 the paired difference (scheme - versus, seed by seed) has the paper's sign and the
-                          paired t-test's p < alpha
-    does not              the opposite sign with p < alpha
-    inconclusive (n = k)  otherwise (one pair: a difference, no test)
+    better / worse        Dunnett's many-to-one test on the block model (or, where the cells' spreads differ,
+                          each cell's paired t-test with Holm), family-wise p < alpha, by the metric's direction;
+                          the paper's claim holds where it says better
+    equivalent within ±δ  TOST at the metric's margin (the paper file's ``margins``, else the documented default)
+    undecided (n = k)     neither, with the seeds the pooled analysis needs and the smallest difference it detects
     not comparable        a side has no finished run, or they were tested under different protocols
     not measured yet      the export does not exist: the command column says what produces it
 
@@ -31,10 +34,11 @@ from pathlib import Path
 import yaml
 
 from experiments.reliability.errors import SuiteError
-from experiments.results.cells import OK, PRIMARY, Cell, varying_axes
+from experiments.results.cells import OK, PRIMARY, Cell, slice_verdicts, varying_axes
 from experiments.results.compare import Comparison, load_comparison
+from experiments.results.equivalence import default_margin
 from experiments.results.runs import SWEEP_RECORD
-from experiments.results.stats import PairedComparison, estimate, paired, sensitivity
+from experiments.results.stats import PairedComparison, estimate, paired
 from experiments.results.tables import fmt_amount, fmt_estimate, fmt_p
 
 KINDS = ("compare", "fail", "params", "measure")  # how a row is measured (see the paper file's header)
@@ -117,29 +121,6 @@ def _matching(cells: list[Cell], want: dict) -> list[Cell]:
     return [c for c in cells if all(same(c.coords.get(k), v) for k, v in want.items())]
 
 
-def verdict(versus: PairedComparison | None, better: str, alpha: float) -> str:
-    """The verdict of one paired comparison (scheme - versus) against the paper's direction ``better``."""
-    if versus is None:
-        return "not comparable"
-    d, p = versus.difference, versus.p_t
-    if versus.n < 2 or p is None or p >= alpha:
-        return f"inconclusive (n = {versus.n})" + _what_would_settle(versus, alpha)
-    expected = d.mean < 0 if better == "lower" else d.mean > 0
-    return "holds" if expected else "does not"
-
-
-def _what_would_settle(versus: PairedComparison, alpha: float) -> str:
-    """``: would need ~12 seeds; below 0.19 undetectable``: the seeds the observed difference needs for a
-    p < ``alpha`` at 80 % power, and the smallest difference these pairs could show, from their paired spread."""
-    s = sensitivity(versus, alpha)
-    if s.detectable is None:
-        return "" if s.why == "one pair" else f": {s.why}, no t-test"
-    below = f"below {fmt_amount(s.detectable)} undetectable"
-    if s.needed is not None:
-        return f": would need ~{s.needed} seeds; {below}"
-    return f": {below}" + ("" if s.why == "no difference" else f", {s.why} seeds for this Δ")
-
-
 def _sampling_note(root: Path, row: dict, cell: Cell, ref: Cell, versus: PairedComparison) -> str:
     """Where a test metric is measured on a finite sample (FID from 500 samples), how much of the paired spread
     the sample count alone explains: the per-run standard deviations over resamples (``row["sampling"]``, a CSV
@@ -164,10 +145,16 @@ def _sampling_note(root: Path, row: dict, cell: Cell, ref: Cell, versus: PairedC
 
 
 def _compare_line(
-    comparison: Comparison, entry: dict, key: str, better: str, alpha: float, sampled: tuple[Path, dict] | None = None
+    comparison: Comparison,
+    entry: dict,
+    key: str,
+    metric: str,
+    margin: float | None,
+    sampled: tuple[Path, dict] | None = None,
 ) -> list[Line]:
     entry = dict(entry)
     versus_scheme = entry.pop("versus", None) or comparison.baseline
+    verdicts = slice_verdicts(comparison.cells, versus_scheme, metric, margin, key=key)[0]
     cells = _matching(comparison.cells, entry)
     if not cells:
         return [Line(_label(entry), f"{_label(entry)}: no such cell in the export", "not comparable")]
@@ -200,7 +187,7 @@ def _compare_line(
         tail = f"; Δ {diff}" + ("" if result.p_t is None else f", p {p}" if p.startswith("<") else f", p = {p}")
         if sampled is not None:
             tail += _sampling_note(*sampled, cell, ref, result)
-        lines.append(Line(label, head + tail, verdict(result, better, alpha)))
+        lines.append(Line(label, head + tail, verdicts[cell.key].text()))
     return lines
 
 
@@ -297,9 +284,11 @@ def measure_row(root: Path, row: dict, paper: dict) -> list[Line] | None:
     # a run row keeps every test metric under its name (so its protocol is checked); other metrics: the sweep's
     key = metric if metric.startswith("test/") or metric != comparison.metric else PRIMARY
     lines = []
+    margins = {**(paper.get("margins") or {}), **(comparison.record.get("margins") or {})}
+    margin = margins.get(metric, default_margin(metric))
     for entry in row["compare"]:
         sampled = (root, row) if isinstance(row.get("sampling"), str) else None
-        lines += _compare_line(comparison, entry, key, row["better"], float(paper.get("alpha", 0.05)), sampled)
+        lines += _compare_line(comparison, entry, key, metric, margin, sampled)
     return [Line(ln.label, f"`{metric}`, {ln.text}" if i == 0 else ln.text, ln.verdict) for i, ln in enumerate(lines)]
 
 
@@ -327,12 +316,17 @@ def render(root: Path, path: str) -> str:
     alpha = float(paper.get("alpha", 0.05))
     out += [
         "",
-        f"Verdicts are computed from the exports ({path}): **holds** = the paired difference has the paper's sign "
-        f"and the paired t-test's p < {alpha:g}; **does not** = the opposite sign with p < {alpha:g}; "
-        "**inconclusive** = neither, followed by what would settle it: the seeds the observed Δ would need to reach "
-        f"p < {alpha:g} with 80 % power, and the smallest Δ these seeds could detect with that power (both from the "
-        "paired standard deviation; noncentral t); overhead rows compare "
-        "the measured change with the paper's, a step time only where its interquartile range and Pre-Norm's do not "
+        f"Verdicts are computed from the exports ({path}), one randomized-block analysis per slice of a sweep "
+        "(metric ~ scheme + seed, seeds as blocks, one pooled residual variance; stalled, diverged and crashed runs "
+        f"left out): **better** / **worse** = Dunnett's many-to-one test on it, family-wise p < {alpha:g} (p shown "
+        "adjusted), by the metric's direction (the paper's claim holds where it says better); **equivalent within "
+        f"±δ** = TOST at the metric's margin δ (0.02 nats of loss, 0.5 points of accuracy, 1 FID point), "
+        f"Holm-adjusted, p < {alpha:g}; **undecided** = neither, with the seeds per cell the pooled analysis needs "
+        "for 80 % power at the observed Δ and the smallest Δ its seeds detect. Where Brown-Forsythe rejects equal "
+        "spread, each cell's own paired t-test with Holm across the slice; every verdict names its analysis. The "
+        "p after Δ is the cell's own paired t-test, unadjusted. Overhead "
+        "rows compare the measured change with the paper's, a step time only where its interquartile range and "
+        "Pre-Norm's do not "
         "overlap. An export is written by `python -m experiments compare "
         "runs/<task>/<name> --export docs/results/<name>` after the command's sweep.",
     ]

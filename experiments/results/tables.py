@@ -14,7 +14,17 @@ import io
 import math
 from pathlib import Path
 
-from experiments.results.cells import AXES, PRIMARY, STATUS_ORDER, Cell, CellStats, cell_stats, varying_axes
+from experiments.results.cells import (
+    AXES,
+    PRIMARY,
+    STATUS_ORDER,
+    Cell,
+    CellStats,
+    cell_stats,
+    slice_verdicts,
+    varying_axes,
+)
+from experiments.results.equivalence import default_margin, higher_is_better
 from experiments.results.stats import (
     ALPHA,
     CI_NAME,
@@ -144,6 +154,13 @@ def _versus_text(stats: CellStats, baseline: str) -> tuple[str, str, str]:
     return fmt_estimate(v.difference, signed=True), fmt_p(v.p_t), fmt_p(v.p_sign_flip)
 
 
+def _verdict_text(stats: CellStats) -> str:
+    """The cell's verdict against the baseline (``better (Dunnett, block model: p = 0.004, n = 3)``)."""
+    if stats.is_baseline:
+        return ""
+    return "-" if stats.verdict is None else stats.verdict.text()
+
+
 def _coordinate(cell: Cell, axis: str) -> str:
     value = cell.coords.get(axis)
     return f"{value:g}" if isinstance(value, float) else fmt(value)
@@ -168,13 +185,13 @@ def cells_markdown(cells: list[Cell], metric: str, baseline: str | None, table: 
     test_stats = {m: cell_stats(cells, m, baseline) for m in tests}
     header = [*axes, metric]
     if baseline:
-        header += [f"Δ {metric} vs {baseline}", "p (paired t)", "p (sign-flip)"]
+        header += [f"Δ {metric} vs {baseline}", "p (paired t, unadjusted)", "p (sign-flip)", "verdict"]
     header += [*tests, "runs"]
     lines = [_row(header), "|" + "---|" * len(header)]
     for i, stats in enumerate(primary):
         cells_text = [_coordinate(stats.cell, a) for a in axes] + [_value_text(stats)]
         if baseline:
-            cells_text += list(_versus_text(stats, baseline))
+            cells_text += [*_versus_text(stats, baseline), _verdict_text(stats)]
         for m in tests:
             s = test_stats[m][i]
             cells_text.append("mixed protocols" if s.mixed_protocols else fmt_estimate(s.value))
@@ -219,7 +236,9 @@ def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None) -> str:
                     diff = fmt_estimate(v.difference, signed=True).rsplit(" (n = ", 1)[0]
                     p_t = fmt_p(v.p_t)
                     p_t = p_t if p_t.startswith("<") else f"= {p_t}"
-                    text += f"<br>Δ {diff}{n}, p {p_t} (t), {fmt_p(v.p_sign_flip)} (sign-flip)"
+                    text += f"<br>Δ {diff}{n}, p {p_t} (t, unadjusted), {fmt_p(v.p_sign_flip)} (sign-flip)"
+            if baseline and not s.is_baseline and s.verdict is not None:
+                text += f"<br>**{s.verdict.text()}**"
             texts.append(text)
         lines.append(_row([*row, *texts]))
     return "\n".join(lines) + "\n"
@@ -273,6 +292,29 @@ def sensitivity_note(cells: list[Cell], metric: str, baseline: str | None) -> st
             + "; ".join(entries) + ".")  # fmt: skip
 
 
+def verdict_note(cells: list[Cell], metric: str, baseline: str) -> str:
+    """What the verdicts mean and, per slice, the analysis that gave them (:mod:`experiments.results.verdicts`)."""
+    margin = default_margin(metric)
+    direction = "higher" if higher_is_better(metric) else "lower"
+    equivalent = (f"**equivalent within ±{margin:g}** = TOST on the same standard error and degrees of freedom, "
+                  f"Holm-adjusted over the slice, p < {ALPHA:g} (margin δ = {margin:g}, the documented default for "
+                  f"{metric}); " if margin else f"no equivalence margin is declared for {metric}; ")  # fmt: skip
+    slices = slice_verdicts(cells, baseline, metric)[1]
+    axes = [a for a in varying_axes(cells) if a != "scheme"]
+    per_slice = []
+    for where, analysis in slices.items():
+        label = ", ".join(f"{a} {v:g}" if isinstance(v, float) else f"{a} {v}" for a, v in where if a in axes)
+        per_slice.append((f"{label}: " if label else "") + analysis.describe())
+    return (f"Verdict (against {baseline}, {direction} {metric} is better; stalled, diverged and crashed runs left "
+            f"out): one randomized-block analysis per slice ({metric} ~ scheme + seed, one pooled residual variance), "
+            f"**better** / **worse** = Dunnett's many-to-one test on it, family-wise p < {ALPHA:g} (p shown "
+            "adjusted); " + equivalent + "**undecided** = neither, with the seeds per cell the pooled analysis needs "
+            f"for {POWER * 100:.0f} % power at the observed Δ and the smallest Δ its seeds detect. Where "
+            f"Brown-Forsythe rejects equal spread (p < {ALPHA:g}), each cell's own paired t-test and TOST with Holm "
+            "across the slice. The paired t and sign-flip p-values are per cell, unadjusted. "
+            + "; ".join(per_slice) + ".")  # fmt: skip
+
+
 def notes(
     cells: list[Cell],
     baseline_loss: float | None,
@@ -296,6 +338,8 @@ def notes(
                        f"value with n = {n_max} pairs is {sign_flip_floor(n_max):.2g}.")  # fmt: skip
             if metric is not None and (evidence := sensitivity_note(cells, metric, baseline)):
                 out.append(evidence)
+            if metric is not None:
+                out.append(verdict_note(cells, metric, baseline))
     if any(k.startswith(ROUTING_PREFIX) for c in cells for r in c.runs for k in r):
         out.append("MoE routing at the last validation (means over its batches): `val/moe_aux` = load-balancing "
                    "loss summed over the MoE layers (1 per layer for a uniform router), `val/moe_entropy` = "
@@ -345,6 +389,10 @@ def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[
     paired_fields = ["diff_n", "diff_mean", "diff_ci_low", "diff_ci_high", "p_paired_t", "p_sign_flip", "diff_std",
                      "detectable_diff", "seeds_needed", "evidence"]  # fmt: skip
     header = [*axes, *STATUS_ORDER]
+    verdict_fields = ["verdict", "verdict_text", "verdict_p_adjusted", "verdict_p_tost", "verdict_margin",
+                      "verdict_analysis", "verdict_n", "verdict_seeds_needed", "verdict_detectable"]  # fmt: skip
+    if baseline:
+        header += verdict_fields
     for name in metrics.values():  # the table's text first (``mean ± CI (n)``), then the numbers
         header += [name] + (["Δ " + name] if baseline else [])
         header += [f"{name} {f}" for f in fields + (paired_fields if baseline else [])]
@@ -355,6 +403,10 @@ def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[
     for i, cell in enumerate(cells):
         counts = cell.counts()
         row = [cell.coords.get(a, "") for a in axes] + [counts.get(s, 0) for s in STATUS_ORDER]
+        if baseline:
+            v = stats[PRIMARY][i].verdict
+            row += [""] * len(verdict_fields) if v is None else [v.word, v.text(), v.p, v.p_equivalence, v.margin,
+                                                                  v.analysis, v.n, v.needed, v.detectable]  # fmt: skip
         for key in metrics:
             s = stats[key][i]
             e = s.value

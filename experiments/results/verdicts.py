@@ -79,14 +79,15 @@ class Verdict:
         if self.word == "equivalent":
             tost_p = _p(self.p_equivalence)
             return f"equivalent within ±{self.margin:g} ({self.analysis}, TOST p {tost_p}, n = {self.n})"
-        return f"undecided (n = {self.n}): {self.settle()}"
+        how = f"{self.analysis}: p {_p(self.p)}, " if self.analysis and self.p is not None else ""
+        return f"undecided ({how}n = {self.n}): {self.settle()}"
 
     def settle(self) -> str:
         """What would settle an undecided cell: ``~12 seeds; detectable 0.031``."""
         if self.detectable is None:
             return f"{self.why}, no test" if self.why else "no test"
         seeds = f"~{self.needed} seeds" if self.needed is not None else f"{self.why or 'no difference'} seeds"
-        return f"{seeds}; detectable {_amount(self.detectable)}" + ("" if self.p is None else f", p {_p(self.p)}")
+        return f"{seeds}; detectable {_amount(self.detectable)}"
 
 
 def _p(p: float | None) -> str:
@@ -193,7 +194,7 @@ class SliceAnalysis:
         if self.analysis == HOLM:
             return f"{HOLM} over {m} cells (spreads differ: {check})"
         sd = "" if not self.sigma else f", pooled SD {self.sigma:.3g}"
-        return f"{DUNNETT} ({m} contrasts, residual df {self.df}{sd}; {check})"
+        return f"{DUNNETT} ({m} contrast{'s' if m != 1 else ''}, residual df {self.df}{sd}; {check})"
 
 
 def analyse(data: Mapping[str, Mapping], reference: str, metric: str, margin: float | None, alpha: float = ALPHA,

@@ -164,7 +164,8 @@ def test_cells_show_mean_ci_n_and_the_paired_difference_with_scipys_values(tmp_p
     write_sweep(tmp_path, seeded("pre", PRE) + seeded("siamese", SIAMESE))
     out = Tables(tmp_path)
     rows = cells_table(out.markdown)
-    assert rows[0] == ["scheme", "val/loss", "Δ val/loss vs pre", "p (paired t)", "p (sign-flip)", "runs"]
+    header = ["scheme", "val/loss", "Δ val/loss vs pre", "p (paired t, unadjusted)", "p (sign-flip)", "verdict", "runs"]
+    assert rows[0] == header
     e, ref = stats.estimate(SIAMESE), scipy_stats.ttest_rel(SIAMESE, PRE)
     diff = scipy_stats.ttest_rel(SIAMESE, PRE).confidence_interval()
     half = (diff.high - diff.low) / 2
@@ -314,7 +315,7 @@ def test_pivot_puts_the_swept_axis_in_columns_with_the_paired_line(tmp_path: Pat
     pivot = comparison.block("pivot").splitlines()
     assert pivot[0] == "| scheme | lr 0.01 | lr 0.05 |"
     assert pivot[3].startswith("| siamese | 1.516 ± 0.052 (n = 3)<br>Δ -0.016 ± ")
-    assert "(t), 0.25 (sign-flip)" in pivot[3] and pivot[3].count("<br>Δ") == 2
+    assert "(t, unadjusted), 0.25 (sign-flip)" in pivot[3] and pivot[3].count("<br>Δ") == 2
     assert compare.write_comparison(tmp_path)["metric_vs_lr"].stat().st_size > 1000
 
 
@@ -345,7 +346,7 @@ def test_runs_under_different_test_protocols_are_not_ranked_silently(tmp_path: P
     assert "**Test metrics were measured under 2 different protocols**" in markdown
     assert "P1 = samples=500, sampler=ddim, steps=50; P2 = samples=1000, sampler=ddim, steps=50" in markdown
     rows = cells_table(markdown)
-    assert rows[2][5] == "141.0 ± 2.5 (n = 3)" and rows[3][5] == "mixed protocols"
+    assert rows[2][6] == "141.0 ± 2.5 (n = 3)" and rows[3][6] == "mixed protocols"
     assert "| protocol |" in markdown.split("every run")[1] and "| P2 |" in markdown
     for i, (_, record) in enumerate(runs):  # one protocol for all: a single line names it, no column
         # what names the run (its weights, its samples file) is provenance, not a different protocol

@@ -32,7 +32,9 @@ ACC = {("pre", 1): 0.80, ("pre", 2): 0.82, ("siamese", 1): 0.83, ("siamese", 2):
 def test_the_metric_column_and_the_paired_difference_come_from_the_test_results(tmp_path: Path):
     comparison = compare.load_comparison(write_sweep(tmp_path, ACC))
     table = comparison.block("table").splitlines()
-    assert table[0] == "| scheme | test/acc1 | Δ test/acc1 vs pre | p (paired t) | p (sign-flip) | runs |"  # once
+    assert table[0] == (
+        "| scheme | test/acc1 | Δ test/acc1 vs pre | p (paired t, unadjusted) | p (sign-flip) | verdict | runs |"
+    )  # once
     # siamese 0.83 / 0.84: mean 0.835, sd 0.00707, half-width t(0.975, 1) = 12.706 x 0.005 = 0.064
     # differences +0.03, +0.02: mean +0.025, the same half-width
     assert table[3].startswith("| siamese | 0.835 ± 0.064 (n = 2) | +0.025 ± 0.064 (n = 2) |")

@@ -43,14 +43,14 @@ def write_sweep(root: Path, moe: bool = True) -> Path:
 def test_cells_table_shows_routing_next_to_the_loss(tmp_path: Path):
     text = compare.load_comparison(write_sweep(tmp_path)).block("table")
     header = text.splitlines()[0]
-    assert header == ("| scheme | val/loss | Δ val/loss vs pre | p (paired t) | p (sign-flip) | val/moe_aux | "
-                      "val/moe_entropy | val/moe_load_ratio | runs |")  # fmt: skip
+    assert header == ("| scheme | val/loss | Δ val/loss vs pre | p (paired t, unadjusted) | p (sign-flip) | verdict | "
+                      "val/moe_aux | val/moe_entropy | val/moe_load_ratio | runs |")  # fmt: skip
     # entropy, pre: 0.90 / 0.92 / 0.94 -> mean 0.92, std 0.02, half-width t * 0.02 / sqrt(3) = 0.0497
     # siamese: 0.80 / 0.85 / 0.90 -> mean 0.85, std 0.05, half-width 0.124; load ratio 10 / 6 / 4: std 3.06, 7.6
     assert f"{T_975_DF2 * 0.02 / 3**0.5:.3f}" == "0.050" and f"{T_975_DF2 * 0.05 / 3**0.5:.2f}" == "0.12"
     pre, siamese = text.splitlines()[2:4]
     assert pre.startswith(
-        "| pre | 2.10 ± 0.25 (n = 3) | (baseline) |  |  | 4.20 ± 0.25 (n = 3) | 0.920 ± 0.050 (n = 3) |"
+        "| pre | 2.10 ± 0.25 (n = 3) | (baseline) |  |  |  | 4.20 ± 0.25 (n = 3) | 0.920 ± 0.050 (n = 3) |"
     )
     assert "| 2.5 ± 1.2 (n = 3) | 3 finished |" in pre
     assert "| 4.50 ± 0.25 (n = 3) | 0.85 ± 0.12 (n = 3) | 6.7 ± 7.6 (n = 3) | 3 finished |" in siamese

@@ -1,5 +1,6 @@
 """README's "Paper numbers next to this suite's" table, generated from fixture exports: verdicts computed from
-paired seeds (holds, does not, inconclusive), a row whose export is missing, failures, parameters, the bench."""
+the slice's block analysis (better, worse, equivalent within ±δ, undecided), a row whose export is missing,
+failures, parameters, the bench."""
 
 from __future__ import annotations
 
@@ -56,11 +57,14 @@ PRE = [2.0, 2.1, 2.2]
 # "mixed": Δ -0.20, +0.10, -0.05, mean -0.05, paired sd 0.15 (deviations -0.15, +0.15, 0): effect 1/3 sd.
 # statsmodels 0.15.0 TTestPower (two-sided, alpha 0.05, power 0.8): solve_power(effect_size=1/3) = 72.58 pairs, so
 # 73 seeds; solve_power(nobs=3) = 3.2640 sd, so 3.264 x 0.15 = 0.49 is the smallest detectable difference.
-MIXED_VERDICT = "inconclusive (n = 3): would need ~73 seeds; below 0.49 undetectable"
+# Two schemes on complete seeds: the block model is the paired t-test, so its Dunnett p is the paired t's p.
+MIXED_VERDICT = "undecided (Dunnett, block model: p = {p}, n = 3): ~73 seeds; detectable 0.49"
+SAME = [0.001, -0.002, 0.0015]  # Δ per seed: within ±0.02 (val/loss's margin) with a tiny spread
 EXPORTS = {
     "better": three_seeds(PRE, [1.80, 1.92, 2.00]),  # Δ -0.20, -0.18, -0.20: lower on every seed
     "worse": three_seeds(PRE, [2.20, 2.31, 2.39]),  # Δ +0.20, +0.21, +0.19
     "mixed": three_seeds(PRE, [1.80, 2.20, 2.15]),  # Δ -0.20, +0.10, -0.05
+    "same": three_seeds(PRE, [p + d for p, d in zip(PRE, SAME, strict=True)]),
 }
 
 
@@ -89,6 +93,14 @@ def p_text(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
 
 
+def tost_p(diffs: list[float], margin: float) -> float:
+    """TOST by its formula: the larger one-sided p of (mean + margin) / se and (mean - margin) / se."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) / math.sqrt(n)
+    return max(scipy_stats.t.sf((mean + margin) / se, n - 1), scipy_stats.t.cdf((mean - margin) / se, n - 1))
+
+
 def paired_t_p(diffs: list[float]) -> float:
     """Two-sided p of the paired t-test, from its formula: t = mean / (sd / sqrt(n)) on n - 1 degrees of freedom."""
     n = len(diffs)
@@ -108,6 +120,7 @@ def root(tmp_path: Path) -> Path:
             row("a holds", export="docs/results/better", better="lower", compare=[{"scheme": "siamese"}]),
             row("a does not", export="docs/results/worse", better="lower", compare=[{"scheme": "siamese"}]),
             row("an inconclusive", export="docs/results/mixed", better="lower", compare=[{"scheme": "siamese"}]),
+            row("an equivalent", export="docs/results/same", better="lower", compare=[{"scheme": "siamese"}]),
             row("a missing", export="docs/results/moe", better="lower", compare=[{"scheme": "siamese"}]),
             row("failures", export="docs/results/stability", fail=[{"scheme": "post"}], here="tiny LM"),
         ],
@@ -117,11 +130,20 @@ def root(tmp_path: Path) -> Path:
 
 def test_verdicts_follow_the_paired_difference(root: Path):
     rows = table_rows(paper.render(root, "paper.yaml"))
+    p_better, p_worse = paired_t_p([-0.20, -0.18, -0.20]), paired_t_p([0.20, 0.21, 0.19])
+    p_mixed = paired_t_p([-0.20, 0.10, -0.05])
+    p_same = tost_p(SAME, 0.02)
+    assert p_same < 0.05 and f"{p_same:.2g}" == "0.0015"
     assert [r[3] for r in rows.values()] == [
-        "holds", "does not", MIXED_VERDICT, "not measured yet", "holds"  # one of them diverged
-    ] == [rows[c][3] for c in ("a holds", "a does not", "an inconclusive", "a missing", "failures")]  # fmt: skip
+        f"better (Dunnett, block model: {p_text(p_better)}, n = 3)",
+        f"worse (Dunnett, block model: {p_text(p_worse)}, n = 3)",
+        MIXED_VERDICT.format(p=f"{p_mixed:.2g}"),
+        f"equivalent within ±0.02 (Dunnett, block model, TOST {p_text(p_same)}, n = 3)",
+        "not measured yet",
+        "holds",  # failures: one of them diverged
+    ]
     better = rows["a holds"][1]
-    p = paired_t_p([-0.20, -0.18, -0.20])
+    p = p_better
     assert p < 0.01 and p_text(p) in better
     assert better.startswith("`val/loss`, siamese 1.91 ± 0.25 (n = 3)") and "vs pre 2.10 ± 0.25 (n = 3)" in better
     assert "Δ -0.193 ± 0.029 (n = 3)" in better  # sd 0.01155 x t(0.975, 2) = 4.303 / sqrt(3)
@@ -139,7 +161,7 @@ def test_a_row_starts_rendering_numbers_when_its_export_appears(root: Path):
     write_export(root, "moe", EXPORTS["better"])
     assert readme.main([str(root / "README.md"), "--check"]) == 1  # the table no longer says what the exports say
     readme.main([str(root / "README.md")])
-    assert table_rows((root / "README.md").read_text().split("-->\n", 1)[1])["a missing"][3] == "holds"
+    assert table_rows((root / "README.md").read_text().split("-->\n", 1)[1])["a missing"][3].startswith("better (")
 
 
 def test_test_metric_rows_pair_within_one_protocol(tmp_path: Path):
@@ -150,11 +172,11 @@ def test_test_metric_rows_pair_within_one_protocol(tmp_path: Path):
     (measured, verdict) = table_rows(paper.render(tmp_path, "paper.yaml"))["vit"][1::2]
     p = paired_t_p([0.02, 0.03, 0.02])
     assert measured.startswith("`test/acc1`, siamese 0.823") and p_text(p) in measured
-    assert verdict == ("holds" if p < 0.05 else "inconclusive (n = 3)")
+    assert p < 0.05 and verdict == f"better (Dunnett, block model: {p_text(p)}, n = 3)"  # higher accuracy
     summary = tmp_path / "docs/results/vit/siamese-s2/summary.json"
     data = json.loads(summary.read_text())
     summary.write_text(json.dumps({**data, "test_protocol": {"samples": 1000}}))  # one run measured otherwise
-    assert table_rows(paper.render(tmp_path, "paper.yaml"))["vit"][3] == "not comparable"
+    assert table_rows(paper.render(tmp_path, "paper.yaml"))["vit"][3].startswith("not comparable")
 
 
 def test_a_sampled_metric_says_whether_samples_or_seeds_dominate(root: Path):

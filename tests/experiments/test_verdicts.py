@@ -94,7 +94,8 @@ def test_the_four_verdicts_of_a_pooled_slice():
     assert analyse(data, "pre", "val/loss", None).verdicts["same"].word == "undecided"
     near = a.verdicts["near"]
     assert near.needed is not None and near.needed > 3 and near.detectable > abs(near.difference)
-    assert near.text().startswith("undecided (n = 3): ~") and "detectable" in near.text()
+    assert near.text().startswith("undecided (Dunnett, block model: p = ") and ", n = 3): ~" in near.text()
+    assert "detectable" in near.text()
     assert a.verdicts["good"].text().startswith("better (Dunnett, block model: p ")
     assert a.verdicts["same"].text().startswith("equivalent within ±0.02 (Dunnett, block model, TOST p ")
 
