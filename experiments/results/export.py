@@ -7,18 +7,23 @@ comparison's tables and PNGs. Never checkpoints or event files. A file over ``MA
 with a note rather than bloating the repository.
 
 An export is never overwritten without ``--overwrite``. Each export records the files it wrote in
-``.suite-export.json`` inside the directory; with ``--overwrite`` the files the new export writes are replaced,
+``.suite-export.json`` inside the directory, which marks it as an export's own; ``--overwrite`` replaces only
+such a directory (or one made before exports recorded their files, holding nothing but what an export writes),
+never a run directory or any other folder, and never a file the manifest does not record. The files the new
+export writes are replaced,
 the files the previous export recorded and this one no longer writes (a run the sweep dropped) are removed,
 and nothing else in the directory is touched: a file the suite did not record as its own is never deleted.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
 from experiments.reliability.errors import SuiteError
+from experiments.reliability.layout import RUN_MARKER
 from experiments.results.runs import SUMMARY, load_summaries
 from fileio import InputError, atomic_write_json, output_dir, read_json
 
@@ -62,20 +67,65 @@ def _sources(sweep_dir: Path) -> list[Path]:
     return [p for p in sources if p.is_file()]
 
 
+def _export_shaped(relative: Path) -> bool:
+    """Whether a path inside a directory is one an export writes: a top-level table, sweep.yaml or PNG, or a
+    run's ``summary.json`` one level down."""
+    parts = relative.parts
+    if len(parts) == 1:
+        return parts[0] in TOP_LEVEL or parts[0].endswith(".png")
+    return len(parts) == 2 and parts[1] == SUMMARY and not parts[0].startswith(".")
+
+
+def _not_an_export(target: Path) -> str | None:
+    """What in ``target`` shows it is no earlier export's directory (only those may be overwritten), or None.
+
+    A run directory (the suite's :data:`RUN_MARKER` in it or one level down) never is, manifest or not; a
+    directory without an export's manifest is one only if it holds nothing but what an export writes (an
+    export made before exports recorded their files)."""
+    for folder in [target, *sorted(p for p in target.iterdir() if p.is_dir() and not p.is_symlink())]:
+        if (folder / RUN_MARKER).exists():
+            return f"{folder} is a run directory (it holds {RUN_MARKER})"
+    if (target / MANIFEST).is_file():
+        return None
+    for folder, dirs, files in os.walk(target):
+        dirs.sort()
+        for name in sorted(files):
+            relative = (Path(folder) / name).relative_to(target)
+            if not _export_shaped(relative):
+                return f"it holds {relative}, which no export writes, and no {MANIFEST} marks it as an export"
+    return None
+
+
 def check_target(target: Path, sweep_dir: Path, overwrite: bool) -> None:
-    """Raises :class:`SuiteError` (before anything is written) when ``target`` cannot take the export."""
+    """Raises :class:`SuiteError` (before anything is written) when ``target`` cannot take the export.
+
+    ``--overwrite`` replaces only what an earlier export wrote: the files its manifest records (a file it would
+    write that the manifest does not record is refused), in a directory that is no run directory.
+    """
     try:
         output_dir(target, "--export")
     except InputError as err:
         raise SuiteError(str(err)) from None
     if target.resolve() == sweep_dir.resolve() or sweep_dir.resolve() in target.resolve().parents:
         raise SuiteError(f"--export {target} lies inside the sweep {sweep_dir}; valid: a directory outside it")
+    names = dict.fromkeys([*TOP_LEVEL, "curves.png", *(str(p.relative_to(sweep_dir)) for p in _sources(sweep_dir))])
+    if overwrite and target.is_dir():
+        recorded = set(recorded_files(target))  # a manifest that names files outside the export is refused now
+        problem = _not_an_export(target)
+        if problem is None and (target / MANIFEST).is_file():
+            unrecorded = [target / n for n in names if (target / n).exists() and target / n not in recorded]
+            if unrecorded:
+                problem = f"it holds {unrecorded[0].relative_to(target)}, which its {MANIFEST} does not record"
+        if problem is not None:
+            raise SuiteError(
+                f"--export {target} --overwrite: {problem}; --overwrite replaces only the files an earlier export "
+                "wrote; valid: the directory of an earlier export, or a new directory"
+            )
+        return
     if overwrite:
-        recorded_files(target)  # a manifest that names files outside the export is refused now
         return
     if (target / MANIFEST).is_file():
         raise SuiteError(f"--export {target} already holds an exported comparison; valid: --overwrite to replace it")
-    names = dict.fromkeys([*TOP_LEVEL, "curves.png", *(str(p.relative_to(sweep_dir)) for p in _sources(sweep_dir))])
     clashes = [target / name for name in names if (target / name).exists()]
     if clashes:
         raise SuiteError(

@@ -5,6 +5,7 @@ where it came from and what is valid, and every file that existed before unchang
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -214,3 +215,58 @@ def test_parallel_options_are_refused_before_any_launch_or_write(options, expect
     line = error_line(args, capsys)
     assert line.startswith(f"error: {expected}"), line
     assert not runs.exists()  # no run directory claimed, no lock, nothing launched
+
+
+#################################################################################
+#        compare --export --overwrite replaces only an earlier export's files     #
+#################################################################################
+
+
+def sweep_and_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """A finished two-run sweep, and a runs directory of real-looking runs (marker, checkpoint, summary)."""
+    from tests.experiments.test_compare import seeded, write_sweep
+
+    sweep = write_sweep(tmp_path / "sweep", seeded("pre", [1.53, 1.56]))
+    runs = tmp_path / "runs" / "lm" / "stability"
+    for name in ("pre-s1", "pre-s2"):
+        (runs / name / "checkpoints").mkdir(parents=True)
+        (runs / name / ".suite-run").write_text('{"made_by": "fit"}\n')
+        (runs / name / "summary.json").write_text('{"status": "finished", "mine": true}\n')
+        (runs / name / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    return sweep, runs
+
+
+@pytest.mark.parametrize("planted", [None, "manifest"])
+def test_compare_export_overwrite_refuses_a_runs_directory(planted, tmp_path, capsys):
+    sweep, runs = sweep_and_runs(tmp_path)
+    if planted:  # a manifest copied in, naming the runs' summaries: still a run directory
+        (runs / ".suite-export.json").write_text('{"files": ["pre-s1/summary.json", "pre-s2/summary.json"]}')
+    before = digest(runs)
+    line = error_line(["compare", str(sweep), "--export", str(runs), "--overwrite"], capsys)
+    assert line == (
+        f"error: --export {runs} --overwrite: {runs / 'pre-s1'} is a run directory (it holds .suite-run); "
+        "--overwrite replaces only the files an earlier export wrote; valid: the directory of an earlier export, "
+        "or a new directory"
+    ), line
+    assert digest(runs) == before
+
+
+def test_compare_export_overwrite_replaces_only_what_the_export_recorded(tmp_path, capsys):
+    sweep, _ = sweep_and_runs(tmp_path)
+    out = tmp_path / "export"
+    main(["compare", str(sweep), "--export", str(out)])
+    main(["compare", str(sweep), "--export", str(out), "--overwrite"])  # an earlier export: replaced
+    assert (out / "pre-s1" / "summary.json").read_bytes() == (sweep / "pre-s1" / "summary.json").read_bytes()
+    manifest = json.loads((out / ".suite-export.json").read_text())
+    manifest["files"].remove("pre-s2/summary.json")  # a file the export did not write (as far as it recorded)
+    (out / ".suite-export.json").write_text(json.dumps(manifest))
+    (out / "pre-s2" / "summary.json").write_text('{"mine": true}\n')
+    before = digest(tmp_path)
+    line = error_line(["compare", str(sweep), "--export", str(out), "--overwrite"], capsys)
+    assert f"--overwrite: it holds {Path('pre-s2/summary.json')}, which its .suite-export.json does not" in line
+    assert digest(tmp_path) == before
+    other = tmp_path / "notes"
+    (other / "sub").mkdir(parents=True)
+    (other / "sub" / "draft.md").write_text("mine\n")
+    line = error_line(["compare", str(sweep), "--export", str(other), "--overwrite"], capsys)
+    assert "--overwrite: it holds sub/draft.md, which no export writes, and no .suite-export.json marks it" in line
