@@ -16,6 +16,8 @@ same init everywhere), so the sharded init is the one-process init, cut into sha
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -47,6 +49,41 @@ def trunk_of(net: nn.Module) -> Trunk:
     return trunk
 
 
+def packed_weights(net: nn.Module) -> dict[int, str]:
+    """``id(weight) -> name`` of every :class:`PackedLinear` weight of ``net``: FSDP2 cuts these on their input axis
+    (the last), the others on dim 0."""
+    names = {id(p): n for n, p in net.named_parameters()}
+    return {id(m.weight): names.get(id(m.weight), "?") for m in net.modules() if isinstance(m, PackedLinear)}
+
+
+def check_sharding(net: nn.Module, data_parallel: int) -> None:
+    """Raises one line when FSDP2 over ``data_parallel`` ranks cannot cut a parameter of ``net`` (after
+    :func:`~experiments.parallel.packed.pack_trunk`): a packed projection is cut on its input axis, which FSDP2
+    cuts only evenly (``NotImplementedError: FSDP does not support uneven sharding on dim ...`` otherwise; dim 0
+    it pads). Works on a network built on the meta device, so it can run before anything is launched.
+
+    Raises:
+        ValueError: ``parameter trunk.blocks.0.attn.qkv.weight of shape (3, 33, 33) cannot be split over
+            data_parallel_size 2: FSDP2 cuts its dim 2 (33) into equal shares; valid: a data_parallel_size that
+            divides 33 (1, 3, 11, 33), or a trunk dim that 2 divides``.
+    """
+    if data_parallel <= 1:
+        return
+    packed = packed_weights(net)
+    cut = [(n, p) for n, p in net.named_parameters() if id(p) in packed and p.ndim and p.shape[-1] % data_parallel]
+    if not cut:
+        return
+    name, param = cut[0]
+    width = math.gcd(*(p.shape[-1] for p in net.parameters() if id(p) in packed))
+    divisors = [d for d in range(1, width + 1) if width % d == 0]
+    shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+    raise ValueError(
+        f"parameter {name} of shape {tuple(param.shape)} cannot be split over data_parallel_size {data_parallel}: "
+        f"FSDP2 cuts its dim {param.ndim - 1} ({param.shape[-1]}) into equal shares; valid: a data_parallel_size "
+        f"that divides {width} ({shown}), or a trunk dim that {data_parallel} divides"
+    )
+
+
 def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_len: int | None = None) -> nn.Module:
     """Applies tensor parallelism (if the mesh has a tensor-parallel size above 1) and FSDP2 to ``net``, in place.
 
@@ -57,12 +94,14 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
         seq_len: the trunk's sequence length when known before the first batch (checked against the TP size).
 
     Raises:
-        ValueError: a trunk this plan cannot shard over the tensor-parallel size (one line saying why).
+        ValueError: a trunk this plan cannot shard over the tensor-parallel size, or a parameter FSDP2 cannot
+            cut over the data-parallel size (one line saying why and what would be valid), before any collective.
     """
     trunk = trunk_of(net)
     tp = mesh[TP].size()
     sp_names: list[str] = []
     pack_trunk(trunk)  # at every mesh size: one checkpoint layout whatever the tensor-parallel size
+    check_sharding(net, mesh[DP].size())
     if tp > 1:
         check_tensor_parallel(trunk, tp, seq_len)
         apply_tensor_parallel(trunk, mesh[TP])
@@ -84,7 +123,7 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
     # A packed projection's weight is (parts, rows, in): cut on dim 0 (2 or 3 parts) every rank would hold a padded
     # third or half of it; cut on its input axis (the last: a grouped-query qkv is (kv_heads, parts, Dh, in)), each
     # holds 1 / data_parallel (rows may be tensor-parallel)
-    packed = {id(m.weight) for m in net.modules() if isinstance(m, PackedLinear)}
+    packed = packed_weights(net)
     shard = {
         "mesh": dp_mesh, "mp_policy": policy, "reshard_after_forward": config.reshard_after_forward,
         "shard_placement_fn": lambda p: Shard(p.ndim - 1) if id(p) in packed else None,
