@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.monitoring.hparams import declare_hparams
+from experiments.monitoring.throughput import Throughput
 from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_grads
 from experiments.parallel.clip import clip_grad_norm
 from experiments.parallel.streams import RankStreams
@@ -40,8 +41,9 @@ class TaskModule(L.LightningModule):
         self.parallel_cfg = parallel or ParallelConfig()
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """Every task draws its training randomness per data-parallel rank (:mod:`experiments.parallel.streams`)."""
-        return [RankStreams()]
+        """Every task draws its training randomness per data-parallel rank (:mod:`experiments.parallel.streams`)
+        and reports its speed (:mod:`experiments.monitoring.throughput`)."""
+        return [RankStreams(), Throughput()]
 
     @property
     def sequence_length(self) -> int | None:
