@@ -11,6 +11,8 @@ import torch
 from annotated_types import Ge, Gt, Interval
 from torch import nn
 
+from models.norms import POINTWISE
+
 
 @dataclass
 class OptimConfig:
@@ -52,15 +54,19 @@ class OptimConfig:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay only matrices of Linear/conv layers; no decay for norms, biases, embeddings, tokens, scalars."""
-    no_decay_modules = (nn.LayerNorm, nn.RMSNorm, nn.Embedding)
+    """Decay only the weight matrices of Linear / conv layers; no decay for norms (DyT / Derf included), biases,
+    embeddings, tokens and scalars, chosen by each parameter's role, not its shape alone: under FSDP2 the packed
+    qkv projection's bias is 2-D (``experiments.parallel.packed``) and is still a bias, so DDP and FSDP2 decay the
+    same set."""
+    no_decay_modules = (nn.LayerNorm, nn.RMSNorm, nn.Embedding, *POINTWISE)
     decay, no_decay, seen = [], [], set()
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            if isinstance(module, no_decay_modules) or p.ndim < 2 or name in ("cls_token", "pos_embed"):
+            no_decay_role = name in ("bias", "cls_token", "pos_embed")
+            if isinstance(module, no_decay_modules) or p.ndim < 2 or no_decay_role:
                 no_decay.append(p)
             else:
                 decay.append(p)
