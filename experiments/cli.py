@@ -59,14 +59,17 @@ from experiments.reliability.checkpointing import (
     resolve_checkpoint,
 )
 from experiments.reliability.config_files import (
+    TRUST_OPTION,
     check_config_files,
     check_finite_numbers,
     check_parsed_class_paths,
     command_line_flag,
+    command_line_values,
     config_paths,
     explain_parse_error,
     origin_of,
     read_config,
+    trust_packages,
 )
 from experiments.reliability.errors import OutputDirError, SuiteError, free_space_note
 from experiments.reliability.layout import (
@@ -129,6 +132,14 @@ class SuiteCLI(LightningCLI):
             "(both are then recorded: config.yaml's changed_on_resume, the old config kept beside it)",
         )
         parser.add_argument(
+            f"--{TRUST_OPTION}",
+            type=list[str] | None,
+            default=None,
+            help="a package of your own whose classes (callbacks, loggers, profilers) configs may name: "
+            "--trust_package NAME, repeatable; only from the command line, recorded in config.yaml, and a rerun "
+            "of that config needs it typed again",
+        )
+        parser.add_argument(
             "--changed_on_resume",
             type=list[str] | None,
             default=None,
@@ -163,6 +174,9 @@ class SuiteCLI(LightningCLI):
         given = sys.argv[1:] if args is None else args
         argv = [str(a) for a in given] if isinstance(given, list | tuple) else []  # (a dict: nothing to scan)
         self._argv = argv
+        trusted = trust_packages(argv)  # the consent of the person typing, before any config is read
+        if trusted:  # (jsonargparse takes a list option once: the command line's values as one list)
+            args = [a for i, a in enumerate(argv) if not _is_trust_token(argv, i)] + [f"--{TRUST_OPTION}={trusted}"]
         check_config_files(argv)
         try:
             super().parse_arguments(parser, args)
@@ -198,6 +212,7 @@ class SuiteCLI(LightningCLI):
         parser = self._subcommand_parsers.get(self.subcommand, self.parser) if self.subcommand else self.parser
         check_finite_numbers(config, parser.get_defaults(), self._argv)
         self._overwrite = command_line_flag(self._argv, "overwrite")  # typed by the person, never from a file
+        config[TRUST_OPTION] = command_line_values(self._argv, TRUST_OPTION) or None  # recorded: what was typed
         config.overwrite = False  # asked for this once: a saved config never replaces anything on its own
         if config.get("weights_only") is False:
             raise SuiteError(
@@ -514,6 +529,13 @@ def _free_name(directory: Path, pattern: str) -> Path:
     return directory / pattern.format(n)
 
 
+def _is_trust_token(argv: list[str], i: int) -> bool:
+    """Whether ``argv[i]`` is a ``--trust_package`` option or the value after ``--trust_package NAME``."""
+    option = argv[i].partition("=")[0].removesuffix("+")
+    after = i > 0 and argv[i - 1] == f"--{TRUST_OPTION}"
+    return option == f"--{TRUST_OPTION}" or after
+
+
 def _missing_sections(text: str, argv: list[str]) -> str | None:
     """For "the following arguments are required: test.data, test.model": which -c file should have held them
     (a run's config.yaml cut short, or a config of another kind), with where the file ends."""
@@ -637,3 +659,4 @@ def main(args: list[str] | None = None) -> None:
         SuiteCLI(args=args, save_config_callback=SaveConfigCallback)
     finally:
         release_run_locks()  # the command is over (or failed): the run directory is free again
+        trust_packages([])  # and its consent ends with it (a next command in this process asks again)

@@ -5,7 +5,9 @@
                   100,000 values, not empty, a mapping; no two of them naming different tasks
     class_path    in any file, section or option (model, data, callbacks, logger, strategy, plugins ...):
                   a class of the suite, Lightning, torch or a library the suite documents, checked before
-                  anything is imported or built (``subprocess.Popen``, ``os.system`` are refused)
+                  anything is imported or built (``subprocess.Popen``, ``os.system`` are refused); a lab's own
+                  package only by the consent of the person typing: ``--trust_package NAME`` on the command
+                  line (repeatable), recorded in the run's config.yaml, never taken from a file
     a bad value   ``model.init_args.top_k=0 (configs/lm/tiny.yaml); valid: >= 1``: the bounds come from the
                   ``Annotated[int, Ge(1)]`` in the class signature (jsonargparse checks them while parsing)
     a typo        ``--trainer.max_stepz``: "did you mean --trainer.max_steps?"
@@ -22,6 +24,7 @@ import importlib
 import inspect
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterable
@@ -170,22 +173,65 @@ _CLASS_SECTIONS = ("model", "data", "callbacks", "logger", "strategy", "plugins"
                    "lr_scheduler", "accelerator")  # fmt: skip
 
 
+TRUST_OPTION = "trust_package"
+_trusted: tuple[str, ...] = ()  # the packages the running command's own command line names (--trust_package)
+
+
+def command_line_values(argv: Iterable[str], name: str) -> list[str]:
+    """Every value the command line itself gives the list option ``--name``: ``--name A``, ``--name=A``,
+    ``--name+=A``, ``--name=[A, B]``, in order, each once; what a ``-c`` file says is not looked at."""
+    args, values = list(argv), []
+    for i, arg in enumerate(args):
+        option, sep, value = arg.partition("=")
+        if option.removesuffix("+") != f"--{name}":
+            continue
+        if not sep:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        values += [v.strip().strip("'\"") for v in value.strip().strip("[]").split(",") if v.strip()]
+    return list(dict.fromkeys(values))
+
+
+def trust_packages(argv: Iterable[str]) -> list[str]:
+    """Takes the consent of the person typing: the packages ``--trust_package`` names on the command line, whose
+    classes configs may then name (checked: top-level package names, not the standard library, whose classes
+    run commands and open files). Replaces the consent of any earlier command in this process.
+
+    Raises:
+        SuiteError: ``--trust_package 'subprocess' (command line) is the standard library; valid: ...``.
+    """
+    global _trusted
+    names = command_line_values(argv, TRUST_OPTION)
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_]\w*", name) or name in sys.stdlib_module_names or name == "__main__":
+            what = "the standard library" if name in sys.stdlib_module_names else "not a top-level package name"
+            raise SuiteError(
+                f"--{TRUST_OPTION} {name!r} (command line) is {what}; valid: the top-level name of a package of "
+                "your own (letters, digits, _), e.g. --trust_package mylab"
+            )
+    _trusted = tuple(names)
+    return names
+
+
 def check_class_path(class_path: str, where: str) -> None:
-    """Refuses a class path outside :data:`CLASS_PACKAGES`, or one that does not name a class there, without
-    importing anything outside them.
+    """Refuses a class path outside :data:`CLASS_PACKAGES` and the packages the command line trusts
+    (``--trust_package``), or one that does not name a class there, without importing anything outside them.
 
     Raises:
         SuiteError: ``class_path 'subprocess.Popen' (mine.yaml, trainer.callbacks) is outside the suite ...``.
     """
-    valid = f"valid: a class of {', '.join(CLASS_PACKAGES)}"
+    packages = (*CLASS_PACKAGES, *_trusted)
+    valid = (
+        f"valid: a class of {', '.join(packages)}, or of a package of your own named with --{TRUST_OPTION} NAME "
+        "on the command line"
+    )
     top = class_path.split(".", 1)[0]
-    if top not in CLASS_PACKAGES or not _DOTTED.fullmatch(class_path):
+    if top not in packages or not _DOTTED.fullmatch(class_path):
         raise SuiteError(f"class_path {class_path!r} ({where}) is outside the suite and its libraries; {valid}")
     target = _import(class_path)
     if target is None:
         return  # not importable: jsonargparse names it ("does not exist"); nothing outside the list was imported
     module = str(getattr(target, "__module__", "") or "").split(".", 1)[0]
-    if not inspect.isclass(target) or (module and module not in CLASS_PACKAGES):
+    if not inspect.isclass(target) or (module and module not in packages):
         kind = "a class" if inspect.isclass(target) else type(target).__name__
         raise SuiteError(
             f"class_path {class_path!r} ({where}) is {kind} from {getattr(target, '__module__', '?')}, not a class of "

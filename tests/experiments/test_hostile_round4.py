@@ -270,3 +270,68 @@ def test_compare_export_overwrite_replaces_only_what_the_export_recorded(tmp_pat
     (other / "sub" / "draft.md").write_text("mine\n")
     line = error_line(["compare", str(sweep), "--export", str(other), "--overwrite"], capsys)
     assert "--overwrite: it holds sub/draft.md, which no export writes, and no .suite-export.json marks it" in line
+
+
+#################################################################################
+#            A lab's own classes, by the explicit consent of the person          #
+#################################################################################
+
+
+@pytest.fixture
+def lab_package(tmp_path, monkeypatch) -> Path:
+    """``labcb``, importable from sys.path: importing it writes ``imported``, its callback ``ran`` at fit start."""
+    root = tmp_path / "lab"
+    (root / "labcb").mkdir(parents=True)
+    (root / "labcb" / "__init__.py").write_text(
+        "from pathlib import Path\n"
+        "from lightning.pytorch.callbacks import Callback\n"
+        f"HERE = Path({str(tmp_path)!r})\n"
+        "(HERE / 'imported').write_text('yes')\n"
+        "class Marker(Callback):\n"
+        "    def on_fit_start(self, trainer, pl_module):\n"
+        "        (HERE / 'ran').write_text('yes')\n"
+    )
+    monkeypatch.syspath_prepend(str(root))
+    return tmp_path
+
+
+def test_a_labs_callback_runs_only_with_consent_typed_on_the_command_line(lab_package, corpus, capsys):
+    tmp_path = lab_package
+    runs = tmp_path / "runs"
+    callback = "--trainer.callbacks+=labcb.Marker"
+    line = error_line(fit_args(runs, corpus, "--trainer.max_steps=1", callback), capsys)
+    assert line.startswith("error: class_path 'labcb.Marker' (command line, --trainer.callbacks) is outside the "), line
+    assert line.endswith("or of a package of your own named with --trust_package NAME on the command line"), line
+    assert not (tmp_path / "imported").exists() and not runs.exists()
+
+    main(fit_args(runs, corpus, "--trainer.max_steps=1", callback, "--trust_package", "labcb"))
+    assert (tmp_path / "ran").read_text() == "yes"
+    config = runs / "lm" / "tiny" / "pre" / "config.yaml"
+    saved = yaml.safe_load(config.read_text())
+    assert saved["trust_package"] == ["labcb"]  # the consent it ran with, recorded
+    assert any(c.get("class_path") == "labcb.Marker" for c in saved["trainer"]["callbacks"] if isinstance(c, dict))
+
+    (tmp_path / "ran").unlink()
+    before = digest(runs)
+    rerun = ["fit", "-c", str(config), "--run_name=again"]
+    line = error_line(rerun, capsys)  # the saved config alone: its recorded consent is not consent
+    assert line.startswith(f"error: class_path 'labcb.Marker' ({config}, trainer.callbacks[2]) is outside"), line
+    own = tmp_path / "own.yaml"
+    own.write_text("trust_package: [labcb]\ntrainer:\n  callbacks:\n    - class_path: labcb.Marker\n")
+    line = error_line(fit_args(runs, corpus, "--trainer.max_steps=1", "-c", str(own), "--run_name=again"), capsys)
+    assert line.startswith(f"error: class_path 'labcb.Marker' ({own}, trainer.callbacks[0]) is outside"), line
+    assert not (tmp_path / "ran").exists() and digest(runs) == before
+    main([*rerun, "--trust_package=labcb", "--trainer.max_steps=1"])  # given again: it reruns
+    assert (tmp_path / "ran").read_text() == "yes"
+
+
+@pytest.mark.parametrize(
+    ("name", "why"), [("subprocess", "the standard library"), ("os.path", "not a top-level package name")]
+)
+def test_consent_names_a_package_of_ones_own(name, why, tmp_path, corpus, capsys):
+    line = error_line(fit_args(tmp_path / "runs", corpus, "--trust_package", name), capsys)
+    assert line == (
+        f"error: --trust_package {name!r} (command line) is {why}; valid: the top-level name of a package of your "
+        "own (letters, digits, _), e.g. --trust_package mylab"
+    ), line
+    assert not (tmp_path / "runs").exists()
