@@ -22,12 +22,13 @@ A cell with no finished run, or a slice whose reference has none, is **not compa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 from experiments.results.blockmodel import dunnett_critical, dunnett_p_values, fit_blocks, holm, spread_check
 from experiments.results.equivalence import POWER, detectable, higher_is_better, pooled_seeds_needed, tost
+from experiments.results.sequential import look_thresholds
 from experiments.results.stats import detectable_effect, paired, seeds_needed
 
 ALPHA = 0.05
@@ -110,7 +111,7 @@ def _decide(diff, p, p_eq, higher, threshold, threshold_eq) -> str:
     return "undecided"
 
 
-def _pooled(fit, data, reference, margin, higher, alpha, threshold, threshold_eq) -> dict[str, Verdict]:
+def _pooled(fit, data, reference, margin, higher, alpha, threshold, threshold_eq, sensitivity) -> dict[str, Verdict]:
     out = {s: Verdict("not comparable", len(data[s]), why="no seed shared") for s in fit.dropped}
     if not fit.contrasts:
         return out
@@ -126,7 +127,7 @@ def _pooled(fit, data, reference, margin, higher, alpha, threshold, threshold_eq
     critical = dunnett_critical(m, fit.df, alpha)  # complete seeds' correlation 0.5: what "detectable" assumes
     for c, p, q in zip(fit.contrasts, p_adj, p_eq, strict=True):
         word = _decide(c.estimate, p, q, higher, threshold, threshold_eq)
-        if word != "undecided":
+        if word != "undecided" or not sensitivity:
             out[c.scheme] = Verdict(word, c.n, c.estimate, p, q, margin, DUNNETT, threshold=threshold)
             continue
         needed = pooled_seeds_needed(c.estimate, fit.sigma, m + 1, alpha)
@@ -136,7 +137,7 @@ def _pooled(fit, data, reference, margin, higher, alpha, threshold, threshold_eq
     return out
 
 
-def _per_cell(data, reference, margin, higher, alpha, threshold, threshold_eq) -> dict[str, Verdict]:
+def _per_cell(data, reference, margin, higher, alpha, threshold, threshold_eq, sensitivity) -> dict[str, Verdict]:
     schemes = [s for s in data if s != reference]
     comparisons = {s: paired(data[s], data[reference]) for s in schemes}
     p_adj = holm([c.p_t if c is not None and c.difference.std else None for c in comparisons.values()])
@@ -154,7 +155,7 @@ def _per_cell(data, reference, margin, higher, alpha, threshold, threshold_eq) -
             continue
         d = c.difference
         word = _decide(d.mean, p, q, higher, threshold, threshold_eq)
-        if word != "undecided":
+        if word != "undecided" or not sensitivity:
             out[s] = Verdict(word, c.n, d.mean, p, q, margin, HOLM, threshold=threshold)
             continue
         if c.n < 2 or not d.std:
@@ -198,7 +199,7 @@ class SliceAnalysis:
 
 
 def analyse(data: Mapping[str, Mapping], reference: str, metric: str, margin: float | None, alpha: float = ALPHA,
-            thresholds: tuple[float, float] | None = None) -> SliceAnalysis:  # fmt: skip
+            thresholds: tuple[float, float] | None = None, sensitivity: bool = True) -> SliceAnalysis:  # fmt: skip
     """The verdict of every scheme of one slice against ``reference``.
 
     Args:
@@ -209,13 +210,24 @@ def analyse(data: Mapping[str, Mapping], reference: str, metric: str, margin: fl
         alpha: the family-wise level.
         thresholds: ``(difference, equivalence)`` levels of a group-sequential look
             (:func:`experiments.results.sequential.look_thresholds`); default ``(alpha, alpha)``.
+        sensitivity: compute an undecided cell's seeds needed and detectable difference (the slow part; the
+            simulations leave it out).
     """
     key = tuple((s, tuple(sorted(((k, float(v)) for k, v in d.items()), key=repr))) for s, d in data.items())
-    return _analyse(key, reference, metric, margin, alpha, thresholds or (alpha, alpha))
+    return _analyse(key, reference, metric, margin, alpha, thresholds or (alpha, alpha), sensitivity)
+
+
+def analyse_at_look(data: Mapping[str, Mapping], reference: str, metric: str, margin: float | None, look: int,
+                    fractions: Sequence[float], alpha: float = ALPHA,
+                    sensitivity: bool = True) -> SliceAnalysis:  # fmt: skip
+    """:func:`analyse` at look ``look`` (1-based) of a staged sweep whose looks have the information fractions
+    ``fractions`` (seeds at each stage over the cap's): the adjusted p-values are compared with that look's
+    Lan-DeMets O'Brien-Fleming nominal levels (:func:`experiments.results.sequential.look_thresholds`)."""
+    return analyse(data, reference, metric, margin, alpha, look_thresholds(look, fractions, alpha), sensitivity)
 
 
 @lru_cache(maxsize=256)
-def _analyse(key, reference, metric, margin, alpha, thresholds) -> SliceAnalysis:
+def _analyse(key, reference, metric, margin, alpha, thresholds, sensitivity) -> SliceAnalysis:
     data = {s: dict(values) for s, values in key}
     empty = {s: Verdict("not comparable", 0, why="no finished run") for s, v in data.items() if not v}
     data = {s: v for s, v in data.items() if v}
@@ -230,7 +242,7 @@ def _analyse(key, reference, metric, margin, alpha, thresholds) -> SliceAnalysis
         if c is not None and c.n >= 2:
             groups[s] = c.differences
     spread_p = spread_check(groups)
-    args = (data, reference, margin, higher, alpha, *thresholds)
+    args = (data, reference, margin, higher, alpha, *thresholds, sensitivity)
     if spread_p is not None and spread_p < alpha:
         return SliceAnalysis({**_per_cell(*args), **empty}, HOLM, spread_p)
     fit = fit_blocks(data, reference)
