@@ -89,17 +89,30 @@ def expert_usage(load: Tensor) -> ExpertUsage:
     )
 
 
+def matmul_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the experts' matmuls run in: autocast's lower precision where autocast is on for ``x``'s device
+    (autocast lists no ``_grouped_mm``, and CUDA's kernel takes only bfloat16 / float16: the cast a Linear gets
+    from autocast, done here), else ``x``'s own."""
+    device = x.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
 def grouped_matmul(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
     """``x[rows of expert e] @ w[e]`` for every expert e, the rows sorted by expert: ``(T, D) x (E, D, F) -> (T, F)``.
 
     One grouped kernel (``torch._grouped_mm``, offsets from the counts: no host sync) where torch has one for the
-    tensors (its rows must be 16-byte aligned); else every expert's rows padded to the busiest expert's count and
-    one batched matmul (which needs the count on the host).
+    tensors (its rows must be 16-byte aligned; bfloat16 everywhere, float32 on CPU only: CUDA's kernel refuses it);
+    else every expert's rows padded to the busiest expert's count and one batched matmul (which needs the count on
+    the host). Under autocast both run in autocast's dtype (:func:`matmul_dtype`).
     """
+    x = x.to(matmul_dtype(x))
     aligned = all(size * x.element_size() % 16 == 0 for size in (w.shape[-2], w.shape[-1])) and x.shape[0] > 0
-    # float32 has the kernel but no meta / fake one (torch.compile, the memory estimate): bfloat16 has both
+    # float32 has a CPU kernel but no CUDA, meta or fake one (torch.compile, the memory estimate): bfloat16 has all
     traced = x.device.type == "meta" or is_fake(x) or torch.compiler.is_compiling()
-    if aligned and (x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and not traced)):
+    cpu32 = x.dtype == torch.float32 and x.device.type == "cpu" and not traced
+    if aligned and (x.dtype == torch.bfloat16 or cpu32):
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         return torch._grouped_mm(x, w.to(x.dtype), offs=offsets)
     starts = torch.cumsum(counts, 0) - counts

@@ -16,6 +16,10 @@ sublayer k reads stream k mod n and adds its output to every stream.
 :class:`StreamConnections` is what every member of the family shares (mHC in :mod:`models.schemes.mhc` too):
 the n-stream state, the three connection products ``read`` / ``carry`` / ``write`` and the readout
 ``N_f(sum_i H_i)``. A member only says how its per-token weights are made.
+
+Dtypes: the connection weights and the stream mixing run in float32 whatever the autocast or the parameter
+dtype (FSDP2's bfloat16 all-gathers leave the ``*_0`` buffers float32; a float64 trunk stays float64), and what
+they produce goes back to the streams' dtype, as mHC does (:func:`write_and_carry`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,16 @@ class Pending(NamedTuple):
     write_conn: Tensor  # B (mHC: H_post), (B, N, n)
 
 
+def autocast_off(t: Tensor) -> torch.autocast:
+    """A region where autocast leaves dtypes alone, so what is computed in float32 stays float32."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
+def at_least_float32(t: Tensor) -> Tensor:
+    """``t`` in float32 (the reference's ``.float()``), or left in float64."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def read(weights: Tensor, streams: Tensor) -> Tensor:
     """``A_m^T H = sum_i A_m[i] H_i``: the branch input, ``(B, N, n) x (B, N, n, D) -> (B, N, D)``."""
     return torch.einsum("...i,...id->...d", weights, streams)
@@ -52,6 +66,15 @@ def carry(matrix: Tensor, streams: Tensor) -> Tensor:
 def write(weights: Tensor, out: Tensor) -> Tensor:
     """``B^T o``: stream j receives ``B[j] o``, ``(B, N, n) x (B, N, D) -> (B, N, n, D)``."""
     return weights.unsqueeze(-1) * out.unsqueeze(-2)
+
+
+def write_and_carry(pending: Pending, out: Tensor) -> Tensor:
+    """``B^T o + A_r^T H`` in the weights' float32, cast back to the streams' dtype."""
+    x, f = pending.streams, pending.write_conn.dtype
+    with autocast_off(out):
+        written = write(pending.write_conn, out.to(f))  # B^T o: (B, N, n, D)
+        carried = carry(pending.depth_conn, x.to(f))  # A_r^T H: (B, N, n, D)
+    return written.to(x.dtype) + carried.to(x.dtype)
 
 
 class StreamConnections(Scheme):
@@ -92,11 +115,15 @@ class HyperConnections(StreamConnections):
         self.s_b = nn.Parameter(torch.tensor(0.01))
 
     def prepare(self, streams: Tensor) -> tuple[Tensor, Pending]:
-        hn = self.norm_h(streams)
-        read_w = self.read_0 + self.s_a * torch.tanh(hn @ self.w_read)  # A_m: (B, N, n)
-        depth = self.depth_0 + self.s_a * torch.tanh(hn @ self.w_depth)  # A_r: (B, N, n, n)
-        write_w = self.write_0 + self.s_b * torch.tanh(hn @ self.w_write)  # B: (B, N, n)
-        return self.norm_in(read(read_w, streams)), Pending(streams, depth, write_w)  # N(A_m^T H)
+        hn = at_least_float32(self.norm_h(streams))  # N(H): (B, N, n, D)
+        f = hn.dtype  # the weights below in float32 (the buffers' dtype), whatever the parameters' dtype
+        with autocast_off(streams):
+            s_a, s_b = self.s_a.to(f), self.s_b.to(f)
+            read_w = self.read_0.to(f) + s_a * torch.tanh(hn @ self.w_read.to(f))  # A_m: (B, N, n)
+            depth = self.depth_0.to(f) + s_a * torch.tanh(hn @ self.w_depth.to(f))  # A_r: (B, N, n, n)
+            write_w = self.write_0.to(f) + s_b * torch.tanh(hn @ self.w_write.to(f))  # B: (B, N, n)
+            h_in = read(read_w, streams.to(f)).to(streams.dtype)  # A_m^T H: (B, N, D)
+        return self.norm_in(h_in), Pending(streams, depth, write_w)  # N(A_m^T H)
 
     def update(self, pending: Pending, out: Tensor) -> Tensor:
-        return write(pending.write_conn, out) + carry(pending.depth_conn, pending.streams)  # B^T o + A_r^T H
+        return write_and_carry(pending, out)  # B^T o + A_r^T H

@@ -87,23 +87,13 @@ import torch
 from torch import Tensor, nn
 
 from models.schemes.base import NormScheme, Site, register
-from models.schemes.hyper import Pending, StreamConnections, carry, read, write
+from models.schemes.hyper import Pending, StreamConnections, at_least_float32, autocast_off, read, write_and_carry
 
 SINKHORN_ITERS = 20  # mHCv2.py's sinkhorn_iters; DeepSeek-V4's and Megatron-LM's hc_sinkhorn_iters
 HC_EPS = 1e-6  # DeepSeek-V4's hc_eps (the Sinkhorn's and H_pre's eps)
 HC_NORM_EPS = 1e-6  # DeepSeek-V4's norm_eps of the RMS rescale; Megatron-LM's norm_eps
 GATING_INIT = 0.01  # Megatron-LM's mhc_init_gating_factor: a_pre, a_post, a_res at init
 MHC_VARIANTS = ("paper", "mhcv2")
-
-
-def autocast_off(t: Tensor) -> torch.autocast:
-    """A region where autocast leaves dtypes alone, so what is computed in float32 stays float32."""
-    return torch.autocast(t.device.type, enabled=False)
-
-
-def at_least_float32(t: Tensor) -> Tensor:
-    """``t`` in float32 (the reference's ``.float()``), or left in float64."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _normalize(m: Tensor, dim: int, eps: float) -> tuple[Tensor, Tensor]:
@@ -210,7 +200,7 @@ class PaperMHC(ManifoldHyperConnections):
         return self.norm_in(h_in), Pending(x, h_res, h_post)
 
     def update(self, pending: Pending, out: Tensor) -> Tensor:
-        return _write_and_carry(pending, out)
+        return write_and_carry(pending, out)  # H_post o + H_res^T x
 
 
 class MHCv2(ManifoldHyperConnections):
@@ -242,16 +232,7 @@ class MHCv2(ManifoldHyperConnections):
         return self.norm_in(h_in), Pending(x, h_res, h_post)
 
     def update(self, pending: Pending, out: Tensor) -> Tensor:
-        return _write_and_carry(pending, out)
-
-
-def _write_and_carry(pending: Pending, out: Tensor) -> Tensor:
-    """``H_post o + H_res^T x`` in the weights' float32, cast back to the streams' dtype."""
-    x, f = pending.streams, pending.write_conn.dtype
-    with autocast_off(out):
-        written = write(pending.write_conn, out.to(f))  # H_post o: (B, N, n, D)
-        carried = carry(pending.depth_conn, x.to(f))  # H_res^T x: (B, N, n, D)
-    return written.to(x.dtype) + carried.to(x.dtype)
+        return write_and_carry(pending, out)  # H_post o + H_res^T x
 
 
 VARIANTS: dict[str, type[ManifoldHyperConnections]] = {"paper": PaperMHC, "mhcv2": MHCv2}
