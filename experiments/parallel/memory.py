@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -283,13 +284,39 @@ def _dit_loss(net: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
     return loss
 
 
+#: The largest shapes the estimate takes: fake tensors hold any size for free, but a step is traced op by op (its
+#: time grows with depth and experts) and sizes past these overflow torch's index arithmetic. Each is several
+#: times the largest published model's (width 16384 and depth 126 for Llama 3 405B; DeepNet's 1000 layers).
+TRUNK_LIMITS = {"dim": 1 << 16, "depth": 1024, "num_heads": 1024, "mlp_hidden": 1 << 20, "moe_experts": 4096,
+                "moe_hidden": 1 << 20, "mhc_streams": 64}  # fmt: skip
+NETWORK_LIMITS = {"vocab_size": 1 << 22, "max_seq_len": 1 << 20, "img_size": 8192, "input_size": 4096,
+                  "num_classes": 1 << 20, "in_channels": 1024}  # fmt: skip
+BATCH_LIMIT = 1 << 20
+
+
+def check_shape(network: dict, batch_size: object = None) -> None:
+    """Refuses a network or batch beyond what the estimate takes (:data:`TRUNK_LIMITS`), before anything is built.
+
+    Raises:
+        InputError: one line naming the setting, its value and the valid range.
+    """
+    trunk = network.get("trunk") or {}
+    settings = [(f"model.init_args.trunk.{k}", trunk.get(k), high) for k, high in TRUNK_LIMITS.items()]
+    settings += [(f"network {k}", network.get(k), high) for k, high in NETWORK_LIMITS.items()]
+    settings.append(("per-device batch size", batch_size, BATCH_LIMIT))
+    for what, value, high in settings:
+        if value is not None:
+            number(value, what, kind=int, low=0, high=high, where="config; the memory estimate's limit")
+
+
 def workload_for(task: str, network: dict, batch_size: int, ema: bool = False) -> Workload:
     """The training step of a ``models`` network given the same arguments as the sweep's estimate
     (:func:`experiments.sweeps.estimate.network_args`), on a per-device batch of ``batch_size``.
 
     Raises:
-        InputError: an unknown task or a batch size below 1.
+        InputError: an unknown task, a batch size below 1, a shape beyond :func:`check_shape`'s limits.
     """
+    check_shape(network, batch_size)
     batch_size = _int_setting(batch_size, "per-device batch size")
     args = copy.deepcopy(network)
     trunk_args = args.pop("trunk")
@@ -360,11 +387,13 @@ def fake_process_group(world_size: int) -> Iterator[None]:
     """
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized; the memory estimate needs its own fake one")
+    hook = sys.excepthook  # init_process_group wraps it in a "[rankN]: " prefixer, and never unwraps it
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
         yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def _sum(snapshot: dict, *kinds: str) -> int:

@@ -57,6 +57,16 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+CLASS_KEYS = ("class_path", "init_args", "dict_kwargs")
+
+
+def _into_arguments(node: dict, part: str | None = None) -> dict:
+    """Where the next key of an option goes: inside a class node (one with ``class_path``), a key that is not
+    ``class_path`` / ``init_args`` is one of the class's arguments, as jsonargparse reads
+    ``--trainer.strategy.data_parallel_size=2`` (= ``--trainer.strategy.init_args.data_parallel_size=2``)."""
+    return node if "class_path" not in node or part in CLASS_KEYS else node.setdefault("init_args", {})
+
+
 def resolve_config(argv: list[str]) -> dict:
     """The config a ``fit`` argv amounts to: ``-c`` files deep-merged in order, then ``--a.b=v`` set.
 
@@ -91,10 +101,12 @@ def resolve_config(argv: list[str]) -> dict:
                 node = config
                 *parents, leaf = key.split(".")
                 for part in parents:
+                    node = _into_arguments(node, part)
                     if not isinstance(node.get(part), dict):  # a class given by name takes its init_args after it
                         name = node.get(part)
                         node[part] = {"class_path": name} if isinstance(name, str) and "." in name else {}
                     node = node[part]
+                node = _into_arguments(node, leaf)
                 node[leaf] = yaml.safe_load(value) if value else None
         i += 1
     return config
@@ -327,26 +339,61 @@ def memory_inputs(config: dict, dataset: dict | None = None) -> tuple[Workload, 
 
 
 @functools.lru_cache(maxsize=64)
-def _memory_cached(key: str) -> MemoryEstimate:
+def _memory_cached(key: str) -> MemoryEstimate | Exception:
+    """One measurement per distinct network, batch and layout; a failure is kept too (and raised by the caller),
+    so the runs of one broken network cost one attempt, not one each."""
     task, network, batch, ema, setup, checkpointing = json.loads(key)
     setup = MemorySetup(**{**setup, "notes": tuple(setup["notes"])})
-    return measure(workload_for(task, network, batch, ema), setup, checkpointing)
+    try:
+        return measure(workload_for(task, network, batch, ema), setup, checkpointing)
+    except ValueError:
+        raise  # a layout the estimate cannot take: said in the run's note
+    except Exception as exc:  # noqa: BLE001 - the network failed its step: one line for the dry run, not a traceback
+        return exc
+
+
+def cuda_here() -> bool:
+    """Whether this machine has a CUDA device (where a local sweep's ``accelerator: auto`` runs train)."""
+    return torch.cuda.is_available()
+
+
+def runs_on_cpu(spec: SweepSpec, config: dict) -> str | None:
+    """Why a run of ``spec`` trains on CPU, where no GPU memory applies (None: it runs on GPUs). A run whose
+    accelerator is ``auto`` (or unset) runs on GPUs when the sweep submits to GPU nodes or this machine has CUDA."""
+    accelerator = str((config.get("trainer") or {}).get("accelerator") or "auto").lower()
+    if accelerator == "cpu":
+        return "trainer.accelerator=cpu"
+    on_gpu_nodes = spec.submitit and bool(spec.launcher["gpus_per_node"])
+    if accelerator == "auto" and not on_gpu_nodes and not cuda_here():
+        return "trainer.accelerator=auto, run locally on a machine without CUDA"
+    return None
 
 
 def memory_estimate(spec: SweepSpec, run: Run) -> MemoryEstimate | str:
     """The per-GPU peak of one run as the sweep runs it (its own activation-checkpointing setting), or a one-line
-    reason it has none. Runs of one shape, batch and layout share one measurement (lrs and seeds do not matter)."""
+    reason it has none (a run that trains on CPU: :func:`runs_on_cpu`). Runs of one shape, batch and layout
+    share one measurement (lrs and seeds do not matter).
+
+    Raises:
+        RuntimeError: the network's step failed on fake tensors (the dry run names the run and the cause).
+    """
     config = resolve_config(run.argv(spec, extra=run_extra_args(spec, run))[4:])
     task = task_name(config)
     if task == "other":
         return "no memory estimate: not a trainable task config"
+    if cpu := runs_on_cpu(spec, config):
+        return f"runs on CPU ({cpu}): no GPU memory to estimate"
     try:
         workload, setup = memory_inputs(config, spec.dataset)
         network = network_args(task, config, spec.dataset)
         key = [task, network, per_device_batch(config, setup), workload.ema, asdict(setup), setup.checkpointing]
-        return _memory_cached(json.dumps(key, sort_keys=True))
+        result = _memory_cached(json.dumps(key, sort_keys=True))
     except ValueError as exc:  # InputError included: a setting the estimate cannot read, a mesh that cannot shard
         return f"no memory estimate: {exc}"
+    if isinstance(result, Exception):
+        cause = (str(result).strip().splitlines() or [""])[0]
+        raise RuntimeError(f"memory estimate failed: {type(result).__name__}: {cause}") from result
+    return result
 
 
 def gpu_memory_of(gpu: str) -> tuple[int, str]:

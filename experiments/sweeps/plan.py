@@ -5,7 +5,11 @@ assume the accelerator and MFU of the spec's ``compute`` block (``--compute mfu=
 the line says so, since an MFU is an assumption until measured on the cluster. The ``peak/GPU`` column is
 one training step's per-device peak under the run's strategy, precision and activation checkpointing,
 measured on fake tensors (:mod:`experiments.parallel.memory`; one measurement per distinct shape), against
-the memory of ``compute.gpu``: ``ok`` or ``OVER``.
+the memory of ``compute.gpu``: ``ok`` or ``OVER``; ``cpu`` for a run that trains on CPU (nothing measured).
+
+A run whose estimate fails (a network whose step raises, a config the estimate cannot read) is listed with
+``error`` and its cause in its note, the other runs as usual; the caller prints one ``error:`` line per cause,
+naming the runs, and exits 2 (``sweep.main``). Never a traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 from experiments.parallel.memory import size
 from experiments.sweeps.cluster import SUBMITIT_DIR, sbatch_script
 from experiments.sweeps.estimate import Estimate, estimate, gpu_memory_of, memory_estimate, run_extra_args
-from experiments.sweeps.spec import SweepSpec, grid, sweep_dir_of
+from experiments.sweeps.spec import Run, SweepSpec, grid, sweep_dir_of
 
 
 def _count(value: float | None) -> str:
@@ -56,21 +60,51 @@ def _budget_line(spec: SweepSpec, est: Estimate) -> str:
 
 
 def _memory_cell(mem: object, capacity: int) -> tuple[str, str]:
-    """(``50.04 GB ok`` / ``222.1 GB OVER``, a note) for the peak/GPU column."""
+    """(``50.04 GB ok`` / ``222.1 GB OVER`` / ``cpu``, a note) for the peak/GPU column."""
     if isinstance(mem, str):
-        return "?", mem
+        return ("cpu" if mem.startswith("runs on CPU") else "?"), mem
     verdict = "ok" if mem.peak <= capacity else "OVER"
     return f"{size(mem.peak)} {verdict}", "; ".join(mem.notes)
 
 
-def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True) -> str:
-    """The report ``--dry-run`` prints for every part of a sweep file (``memory``: with the peak/GPU column)."""
-    out = []
+def _cause(exc: Exception) -> str:
+    """An exception as one line: its message's first line, with its type when the message does not say it."""
+    line = (str(exc).strip().splitlines() or [""])[0]
+    return line if isinstance(exc, ValueError | RuntimeError) and line else f"{type(exc).__name__}: {line}"
+
+
+def _failed(spec: SweepSpec, run: Run, exc: Exception, failures: dict[str, list[str]]) -> str:
+    """Records that ``run``'s estimate failed (runs grouped by cause) and returns the cause."""
+    cause = _cause(exc)
+    failures.setdefault(cause, []).append(f"{spec.name}/{run.name(spec)}")
+    return cause
+
+
+def _estimate(spec: SweepSpec, run: Run, failures: dict[str, list[str]]) -> Estimate:
+    try:
+        return estimate(spec, run)
+    except Exception as exc:  # noqa: BLE001 - listed as an error row; the other runs still are
+        cause = _failed(spec, run, exc, failures)
+        return Estimate(run.name(spec), "?", 0, None, None, None, None, None, None, None, f"error: {cause}")
+
+
+def _memory(spec: SweepSpec, run: Run, capacity: int, failures: dict[str, list[str]]) -> tuple[str, str]:
+    try:
+        return _memory_cell(memory_estimate(spec, run), capacity)
+    except Exception as exc:  # noqa: BLE001 - listed as an error row; the other runs still are
+        return "error", f"error: {_failed(spec, run, exc, failures)}"
+
+
+def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True) -> tuple[str, list[str]]:
+    """The report ``--dry-run`` prints for every part of a sweep file (``memory``: with the peak/GPU column), and
+    one line per cause of a failed estimate, naming its runs (empty when every run was estimated)."""
+    out: list[str] = []
+    failures: dict[str, list[str]] = {}
     for spec in specs:
         runs = grid(spec)
-        ests = [estimate(spec, run) for run in runs]
+        ests = [_estimate(spec, run, failures) for run in runs]
         capacity, found = gpu_memory_of(spec.compute["gpu"])
-        mems = [_memory_cell(memory_estimate(spec, run), capacity) if memory else ("", "") for run in runs]
+        mems = [_memory(spec, run, capacity, failures) if memory else ("", "") for run in runs]
         sweep_dir = sweep_dir_of(spec)
         out += [
             f"sweep {spec.name} ({spec.source}): {len(runs)} jobs into {sweep_dir}",
@@ -83,7 +117,7 @@ def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True)
                 "configured (python -m experiments estimate -c ... shows both settings)"
             )
         width = max(len(e.run) for e in ests)
-        unit = "tokens" if ests[0].task == "lm" else "images"
+        unit = "tokens" if ests[0].task in ("lm", "?") else "images"
         mem_head = f"  {'peak/GPU':>13}" if memory else ""
         out.append(
             f"  {'#':>3}  {'run':<{width}}  {'params':>8}  {'steps':>9}  {unit:>8}  {'FLOPs':>9}  "
@@ -122,7 +156,8 @@ def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True)
             lines = [" ".join(["python", *r.argv(spec, extra=run_extra_args(spec, r))[1:]]) for r in runs]
             out += ["  commands:"] + [f"    {line}" for line in lines]
         out.append("")
-    return "\n".join(out).rstrip()
+    errors = [f"estimate of {len(runs)} run(s) failed ({', '.join(runs)}): {cause}" for cause, runs in failures.items()]
+    return "\n".join(out).rstrip(), errors
 
 
 def _fmt_hours(hours: float | None) -> str:

@@ -16,8 +16,9 @@ a progress line per run and the grid's ETA are printed every ``progress_every_s`
 (markdown + CSV table, PNG plots, TensorBoard layout) comes from :mod:`experiments.results.compare`.
 
 Exit status: 0 (also when runs were left to another sweep); 1 when a run crashed; 2 for a bad sweep file or
-option (one line); 130 / 143 after Ctrl-C / SIGTERM (the runs save ``interrupted.ckpt`` first; the same command
-resumes).
+option (one line), or a ``--dry-run`` whose estimate failed for some runs (every run listed, then one ``error:``
+line per cause naming its runs); 130 / 143 after Ctrl-C / SIGTERM (the runs save ``interrupted.ckpt`` first;
+the same command resumes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.reliability.errors import ArgumentParser, SuiteError
+from experiments.reliability.errors import USAGE_ERROR, ArgumentParser, SuiteError
 from experiments.results.compare import write_comparison
 from experiments.results.runs import SWEEP_RECORD
 from experiments.results.tb_layout import comparison_url
@@ -185,8 +186,11 @@ def main(argv: list[str] | None = None) -> int | None:
     args = parse_args(argv)
     specs = load(args)
     if args.dry_run:
-        print(dry_run(specs, args.commands, memory=not args.no_memory))
-        return None
+        report, errors = dry_run(specs, args.commands, memory=not args.no_memory)
+        print(report, flush=True)
+        for line in errors:  # the runs are all listed above; each cause once, naming its runs
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        return USAGE_ERROR if errors else None
     if args.status or args.collect:
         for spec in specs:
             sweep_dir, runs = sweep_dir_of(spec), grid(spec)

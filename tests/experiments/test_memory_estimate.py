@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -29,6 +30,7 @@ from experiments.parallel.memory import (
     workload_for,
 )
 from experiments.parallel.packed import pack_trunk
+from experiments.sweeps import estimate as estimate_module
 from experiments.sweeps import sweep
 from experiments.sweeps.estimate import gpu_memory_of, memory_inputs, resolve_config
 from fileio.checks import InputError
@@ -139,6 +141,47 @@ def test_the_config_says_the_strategy_mesh_and_precision():
     assert "expert_parallel not estimated" in ep.notes[0]
 
 
+def test_strategy_options_are_read_as_fit_reads_them(capsys):
+    """``--trainer.strategy.data_parallel_size=2`` is jsonargparse's spelling of ``...init_args.data_parallel_size``:
+    ``fit`` reads it so (the real parser), and so does ``estimate`` (it used to read init_args only and estimate
+    the config's dp=8 layout, or refuse it)."""
+    from tests.experiments.test_configs import ParseOnlyCLI
+
+    argv = ["-c", str(ROOT / "configs/lm/tiny.yaml"), "-c", str(ROOT / "configs/trainer/fsdp2.yaml"),
+            "--trainer.devices=4", "--trainer.strategy.data_parallel_size=2",
+            "--trainer.strategy.tensor_parallel_size=2", "--model.trunk.depth=1"]  # fmt: skip
+    parsed = ParseOnlyCLI(args=argv, run=False).config
+    strategy = parsed.trainer.strategy.init_args
+    assert (strategy.data_parallel_size, strategy.tensor_parallel_size) == (2, 2)
+    assert parsed.model.init_args.trunk.depth == 1
+    resolved = resolve_config(argv)
+    init = resolved["trainer"]["strategy"]["init_args"]
+    assert (init["data_parallel_size"], init["tensor_parallel_size"]) == (2, 2)
+    assert resolved["model"]["init_args"]["trunk"]["depth"] == 1
+    setup = setup_from_config(resolved)
+    assert (setup.strategy, setup.world_size, setup.data_parallel, setup.tensor_parallel) == ("fsdp2", 4, 2, 2)
+    main(["estimate", *argv, "--data.init_args.batch_size=2", "--data.init_args.seq_len=16"])
+    assert capsys.readouterr().out.startswith("lm run: fsdp2 dp=2 tp=2 (bfloat16 all-gathers) on 4 device(s)")
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--model.init_args.trunk.dim=10000000", "model.init_args.trunk.dim=10000000 must be >= 0 and <= 65536"),
+        ("--model.init_args.trunk.depth=1000000", "model.init_args.trunk.depth=1000000 must be >= 0 and <= 1024"),
+        ("--data.init_args.seq_len=100000000", "network max_seq_len=100000000 must be >= 0 and <= 1048576"),
+        ("--data.init_args.batch_size=10000000", "per-device batch size=10000000 must be >= 0 and <= 1048576"),
+    ],
+)
+def test_an_absurd_shape_is_refused_before_anything_is_built(option, message, capsys):
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as stop:
+        main(["estimate", "-c", str(ROOT / "configs/lm/tiny.yaml"), option])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith("error: ") and message in err and "\n" not in err, err
+    assert time.perf_counter() - start < 10  # nothing traced
+
+
 def test_the_per_device_batch_follows_the_global_batch_over_the_data_parallel_ranks():
     argv = ["-c", str(ROOT / "configs/vit/deit-small.yaml")]
     workload, setup = memory_inputs(resolve_config(argv))
@@ -205,6 +248,7 @@ def test_a_process_group_already_there_is_left_alone():
 @pytest.mark.slow  # three tiny LMs measured (seconds each)
 def test_the_dry_run_shows_each_runs_peak_per_gpu(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(estimate_module, "cuda_here", lambda: True)  # a GPU machine: the local runs train there
     sweep.main(["sweep", "configs/sweeps/lm-tiny.yaml", "--dry-run"])
     out = capsys.readouterr().out
     assert "memory: peak/GPU of one training step vs 80.00 GB (H100: 80 GB)" in out

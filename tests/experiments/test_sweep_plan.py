@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.sweeps import estimate as estimate_module
 from experiments.sweeps import sweep
 from experiments.sweeps.estimate import estimate, resolve_config, run_extra_args
 from experiments.sweeps.spec import grid, load_specs
@@ -109,11 +110,64 @@ def test_paper_table1_dry_run_lists_30_jobs_with_their_compute(monkeypatch, caps
 
 
 def test_the_dry_run_gives_every_run_its_peak_per_gpu(monkeypatch, capsys):
+    """On a machine with CUDA the demo's runs (accelerator auto, local launcher) train on the GPU: each gets its
+    peak; on this CPU-only machine they train on CPU: no GPU memory is measured (as fast as --no-memory)."""
     monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(estimate_module, "cuda_here", lambda: True)
     sweep.main(["sweep", "configs/sweeps/demo.yaml", "--dry-run"])  # 3 tiny LMs: seconds on fake tensors
     out = capsys.readouterr().out
     assert re.search(r"memory: peak/GPU of one training step vs [\d.]+ GB", out)
     assert len(re.findall(r"\s[\d.]+ [kMG]?B ok", out)) == 3
+    monkeypatch.undo()
+    monkeypatch.chdir(ROOT)
+    measured = estimate_module._memory_cached.cache_info().misses
+    sweep.main(["sweep", "configs/sweeps/demo.yaml", "--dry-run"])
+    out = capsys.readouterr().out
+    assert estimate_module._memory_cached.cache_info().misses == measured  # nothing measured
+    assert (
+        len(
+            re.findall(
+                r"\s+cpu  .*runs on CPU \(trainer.accelerator=auto, run locally on a machine without CUDA\)", out
+            )
+        )
+        == 3
+    )
+
+
+def test_a_dry_run_lists_every_run_when_one_network_fails(monkeypatch, capsys, tmp_path: Path):
+    """A network whose step raises (as Hyper-Connections did with bfloat16 parameters) is one ``error:`` line
+    naming its runs and the cause, exit 2; the other runs keep their peak; no traceback, no ``[rank0]:`` prefix
+    (every fake process group used to wrap sys.excepthook in one more prefixer)."""
+    import sys
+
+    from experiments.__main__ import main
+    from models.schemes.hyper import HyperConnections
+
+    def broken(self, streams):
+        raise RuntimeError("expected scalar type Float but found BFloat16")
+
+    monkeypatch.setattr(HyperConnections, "prepare", broken)
+    spec = tmp_path / "mixed.yaml"
+    spec.write_text(
+        f"name: mixed\nconfigs: [{ROOT / 'configs/lm/tiny.yaml'}]\nschemes: [pre, hyper]\nlrs: [1.0e-3, 2.0e-3]\n"
+        "args: [--trainer.accelerator=gpu, --model.init_args.trunk.depth=2, --model.init_args.trunk.dim=64]\n"
+    )
+    hook = sys.excepthook
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", str(spec), "--dry-run"])
+    assert stop.value.code == 2 and sys.excepthook is hook
+    captured = capsys.readouterr()
+    errors = captured.err.strip().splitlines()
+    assert errors == [
+        "error: estimate of 2 run(s) failed (mixed/hyper-lr0.001, mixed/hyper-lr0.002): memory estimate failed: "
+        "RuntimeError: expected scalar type Float but found BFloat16"
+    ]
+    assert len(re.findall(r"^\s+\d+\s+pre-lr\S+\s.*\s[\d.]+ MB ok", captured.out, re.MULTILINE)) == 2
+    assert (
+        len(re.findall(r"^\s+\d+\s+hyper-lr\S+\s.*\serror  .*; error: memory estimate", captured.out, re.MULTILINE))
+        == 2
+    )
+    assert "Traceback" not in captured.out + captured.err and "[rank" not in captured.out + captured.err
 
 
 def test_a_budget_on_the_command_line_overrides_the_spec(monkeypatch, capsys):
