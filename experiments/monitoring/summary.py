@@ -106,6 +106,14 @@ class RunSummary(Callback):
         if trainer.global_rank == 0 and self.progress.path is not None:
             self.progress.write(trainer.global_step, self.progress.total, self._last_loss(), status=self.status)
 
+    def on_stop_abandoned(self, trainer: L.Trainer, message: str) -> None:
+        """Called by :class:`experiments.reliability.signals.BoundedStop` (from its watchdog thread) just before a
+        signalled run whose ranks could not stop together exits: the record says interrupted, not running."""
+        self.status = "interrupted"
+        self.write(trainer, trainer.lightning_module, error=message)
+        if trainer.global_rank == 0 and self.progress.path is not None:
+            self.progress.write(trainer.global_step, self.progress.total, self._last_loss(), status=self.status)
+
     def _last_loss(self) -> float | None:
         return self.train_curve[-1][1] if self.train_curve else None
 

@@ -6,7 +6,10 @@ start-up once for many runs:
     {"kind": "fit", "argv": [...]}                   python -m experiments ARGV through the real CLI and Trainer
      (+ "expect": status: the exit status it must end with, e.g. 143 for a run stopped by SIGTERM;
         "deny_mkdir_on_rank": R: on rank R only, creating a sharded save's temp folder is refused, as a
-        read-only or full file system would)
+        read-only or full file system would;
+        "within_s": T: a job still running T seconds after it began ends the process at once (exit 3, one
+        line): a hang fails the launch in T seconds, not at the test's timeout. A job that ends the process
+        itself (a rank stuck for good, ended by the suite's stop deadline) must be the launch's last)
     {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh
      (+ "experts": E: an MoE trunk, experts split over the d ranks;
         "kv_heads": K: grouped-query attention, 4 query heads over K key/value heads);
@@ -22,6 +25,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -103,6 +107,27 @@ def refused_save_folders(refuse: bool):
         Path.mkdir = mkdir
 
 
+@contextlib.contextmanager
+def bounded(job: dict):
+    """Ends the process (exit 3, one line) when ``job`` runs past its ``within_s``."""
+    limit = job.get("within_s")
+
+    def overdue() -> None:
+        where = " ".join(arg for arg in job["argv"] if arg.startswith("--runs_root"))
+        print(f"job did not end within {limit} s: {where}", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(limit, overdue) if limit else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
 def run(jobs: list[dict], out: Path) -> None:
     rank = int(os.environ["RANK"])
     if not dist.is_initialized():
@@ -114,7 +139,7 @@ def run(jobs: list[dict], out: Path) -> None:
             results.append(grad_difference(*args))
         else:
             try:
-                with refused_save_folders(job.get("deny_mkdir_on_rank") == rank):
+                with refused_save_folders(job.get("deny_mkdir_on_rank") == rank), bounded(job):
                     main(job["argv"])
                 status = 0
             except SystemExit as stop:  # a run stopped by a signal exits 143 (the job says it expects that)
@@ -123,7 +148,7 @@ def run(jobs: list[dict], out: Path) -> None:
                 raise SystemExit(f"{job['argv']} exited with {status}, not {job.get('expect', 0)}")
             results.append(None)
         dist.barrier()
-    (out / f"rank{rank}.json").write_text(json.dumps(results))
+        (out / f"rank{rank}.json").write_text(json.dumps(results))  # after each job: a last job may end the process
 
 
 if __name__ == "__main__":

@@ -20,12 +20,14 @@ of a few AdamW steps within 1e-5 relative (as the DDP test); the same mesh resum
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,8 +99,35 @@ DIT = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/dit/
        "--model.init_args.trunk.dim=32"]  # fmt: skip
 
 
-def launch(jobs: list[dict], out: Path, world: int) -> list[list]:
-    """Starts ``world`` worker processes on ``jobs`` (torchrun's environment) and returns each rank's results."""
+# Ranks that disagree (tests/experiments/rank_faults.py): rank 1's loss of step 2 non-finite; a max_loss between the
+# two ranks' first losses (5.5582 on rank 0, 5.5485 on rank 1: the tiny siamese LM, seed 3, batch 16 per rank);
+# rank 1 held at step 2 while rank 0 waits in its next collective, then every rank sent SIGTERM: held 1 s more (it
+# comes back), or for good (the stop deadline, 5 s here, ends both)
+FAULTS = "tests.experiments.rank_faults"
+POISON = f"--trainer.callbacks+={FAULTS}.PoisonLoss"
+MAX_LOSS = 5.553
+SPLIT = ("--seed_everything=3", f"--divergence.max_loss={MAX_LOSS}")
+GRACE = ("--trainer.callbacks+=experiments.reliability.signals.BoundedStop", "--trainer.callbacks.grace_s=5")
+STUCK = "--trainer.callbacks.stuck_s=600"
+
+
+def record(run: Path) -> tuple[str, ...]:
+    return f"--trainer.callbacks+={FAULTS}.RankRecord", f"--trainer.callbacks.out={run / 'ranks'}"
+
+
+def held(run: Path, *extra: str) -> tuple[str, ...]:
+    hold = f"--trainer.callbacks+={FAULTS}.SignalWhileHeld", f"--trainer.callbacks.out={run / 'ranks'}", *extra
+    return *record(run), *hold
+
+
+def within(argv: list[str], **options) -> dict:
+    """A fit job that must end within 60 s (else the worker ends its process at once and the launch fails)."""
+    return {**fit(argv), "within_s": 60, **options}
+
+
+def launch(jobs: list[dict], out: Path, world: int, exits: tuple[int, ...] = (0,)) -> list[list]:
+    """Starts ``world`` worker processes on ``jobs`` (torchrun's environment) and returns each rank's results
+    (of the jobs that returned). ``exits``: the statuses a worker may end with (not 0: its last job ends it)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "jobs.json").write_text(json.dumps(jobs))
     with socket.socket() as s:
@@ -111,12 +140,23 @@ def launch(jobs: list[dict], out: Path, world: int) -> list[list]:
         log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed with the process below
         procs.append((subprocess.Popen([sys.executable, str(WORKER), str(out / "jobs.json"), str(out)], cwd=ROOT,
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))  # fmt: skip
-    for proc, log in procs:
-        proc.wait(timeout=900)
-        log.close()
+    ended: dict[int, float] = {}  # rank -> when its process was seen gone (time.time())
+    deadline = time.monotonic() + 900
+    while len(ended) < world:
+        for rank, (proc, log) in enumerate(procs):
+            if rank not in ended and proc.poll() is not None:
+                ended[rank] = time.time()
+                log.close()
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(WORKER.name, 900)
+        time.sleep(0.1)
+    (out / "ended.json").write_text(json.dumps([ended[r] for r in range(world)]))
     for rank, (proc, _) in enumerate(procs):
-        assert proc.returncode == 0, (out / f"rank{rank}.log").read_text()[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+        assert proc.returncode in exits, (out / f"rank{rank}.log").read_text()[-4000:]
+    results = [json.loads(p.read_text()) if (p := out / f"rank{r}.json").is_file() else [] for r in range(world)]
+    done = len(jobs) - (exits != (0,))  # every job but an ending last one returned on every rank
+    assert all(len(r) == done for r in results), [(out / f"rank{r}.log").read_text()[-4000:] for r in range(world)]
+    return results
 
 
 def fit(argv: list[str]) -> dict:
@@ -158,7 +198,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     r = {name: root / name for name in (
         "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
         "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp", "moe_fsdp", "moe_ep",
-        "dit_one", "denied", "launch")}  # fmt: skip
+        "dit_one", "denied", "nan", "split", "held", "stuck", "launch")}  # fmt: skip
     main(lm(r["one"], corpus, 8, STEPS))  # one process, batch 8, the default strategy
     main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
     one = [
@@ -203,8 +243,14 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
             "expect": USAGE_ERROR,
         },  # fmt: skip
         fit(lm(r["denied"] / "after", corpus, 4, 2, "pre", *strategy(2, 1))),  # the process group still works
+        # Ranks that disagree: each must end within a minute (else the launch fails at once), every rank at one step
+        within(lm(r["nan"], corpus, 4, STEPS, "pre", *strategy(2, 1), POISON, *record(r["nan"]))),  # POISON first
+        within(lm(r["split"], corpus, 16, STEPS, "siamese", *strategy(2, 1), *record(r["split"]), *SPLIT)),
+        within(lm(r["held"], corpus, 4, STEPS, "pre", *strategy(2, 1), *held(r["held"])), expect=SIGTERM_EXIT),
+        # last: the stop deadline ends both processes
+        within(lm(r["stuck"], corpus, 4, STEPS, "pre", *strategy(2, 1), *GRACE, *held(r["stuck"], STUCK))),
     ]
-    results = launch(jobs, r["launch"] / "two", world=2)
+    results = launch(jobs, r["launch"] / "two", world=2, exits=(SIGTERM_EXIT,))
     launch([fit(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))],  # 2 -> 1
            r["launch"] / "a", world=1)  # fmt: skip
     keys = [(g["scheme"], g["dp"], g["tp"], g.get("experts", 0), g.get("kv_heads", 0)) for g in grads]
@@ -276,6 +322,62 @@ def test_a_rank_that_cannot_save_stops_every_rank_with_one_line_instead_of_a_han
     assert [p.name for p in (ran["denied"] / "after").rglob("summary.json")] == ["summary.json"]
 
 
+def ranks(run: Path) -> list[dict]:
+    """What each rank of a fit saw (rank_faults.RankRecord): its own losses, the step it ended at, when."""
+    return [json.loads((run / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def summary(run: Path) -> dict:
+    (path,) = run.rglob("summary.json")
+    return json.loads(path.read_text())
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_that_step(ran: dict):
+    """Each rank used to decide on its own loss: rank 1 stopped, rank 0 waited in its next collective for ever."""
+    seen = ranks(ran["nan"])
+    assert math.isnan(seen[1]["losses"][1]) and all(math.isfinite(x) for x in seen[0]["losses"])  # rank 1's only
+    assert [r["step"] for r in seen] == [2, 2]
+    assert all(r["ended"] - r["started"] < 60 for r in seen)
+    record = summary(ran["nan"])
+    assert (record["status"], record["diverged_at"], record["steps"]) == ("diverged", 2, 2)
+
+
+def test_a_max_loss_between_the_ranks_first_losses_stops_both_at_the_first_step(ran: dict):
+    seen = ranks(ran["split"])
+    first = sorted(r["losses"][0] for r in seen)
+    assert first[0] < MAX_LOSS < first[1], first  # the threshold splits the ranks (else the case tests nothing)
+    assert [r["step"] for r in seen] == [1, 1] and all(r["ended"] - r["started"] < 60 for r in seen)
+    record = summary(ran["split"])
+    assert (record["status"], record["diverged_at"], record["steps"]) == ("diverged", 1, 1)
+
+
+def test_sigterm_while_a_rank_waits_in_a_collective_saves_and_stops_both(ran: dict):
+    """Rank 0 waits in the step's collective while rank 1 is held; both get SIGTERM. Lightning's handler broadcast
+    inside the signal handler (meeting rank 0's other collective): the job hung with no checkpoint. Now the ranks
+    vote at the step's end: both stop at step 2, save interrupted.ckpt together and exit 143 (the job expects it)."""
+    seen = ranks(ran["held"])
+    assert [r["step"] for r in seen] == [2, 2]
+    ckpt = next(ran["held"].rglob("interrupted.ckpt"))
+    assert checkpoint_problem(ckpt) is None and load_checkpoint(ckpt)["global_step"] == 2
+    signalled = float((ran["held"] / "ranks" / "signalled").read_text())
+    assert all(r["ended"] - signalled < 60 for r in seen)
+    assert summary(ran["held"])["status"] == "interrupted"
+
+
+def test_sigterm_with_a_rank_stuck_for_good_ends_both_processes_at_the_deadline(ran: dict):
+    """Rank 1 never comes back: after the 5 s deadline each process prints one line and exits 143, no checkpoint."""
+    signalled = float((ran["stuck"] / "ranks" / "signalled").read_text())
+    ended = json.loads((ran["launch"] / "two" / "ended.json").read_text())
+    assert all(5 <= t - signalled < 5 + 15 for t in ended), [t - signalled for t in ended]  # the launch: exit 143
+    for rank in (0, 1):
+        log = (ran["launch"] / "two" / f"rank{rank}.log").read_text()
+        line = f"error: interrupted by SIGTERM at step 2 on rank {rank} of 2: the run did not stop within 5 s"
+        assert log.count(line) == 1 and log.rstrip().splitlines()[-1].startswith(line), log[-2000:]
+    assert not list(ran["stuck"].rglob("interrupted.ckpt"))
+    record = summary(ran["stuck"])
+    assert record["status"] == "interrupted" and "did not stop within 5 s" in record["error"]
+
+
 def test_image_tasks_under_fsdp2(ran: dict):
     # Two data-parallel ranks draw their augmentations / noise as DDP's ranks do: held to DDP, step for step.
     close(curve(ran["vit_fsdp"]), curve(ran["vit_ddp"]))
@@ -289,12 +391,9 @@ def test_every_reader_takes_a_sharded_checkpoint(ran: dict, corpus, tmp_path: Pa
     shutil.copytree(ran["tp"], tmp_path / "tp")  # `test` writes into its run: a copy of the shared one
     ckpt = last(tmp_path / "tp")
     assert ckpt.is_dir() and checkpoint_problem(ckpt) is None
-    state = load_checkpoint(ckpt)["state_dict"]  # consolidated once, in the single-process layout
+    state = load_checkpoint(ckpt)["state_dict"]  # consolidated in memory, in the single-process layout
     assert state["net.trunk.blocks.0.attn.qkv.weight"].shape == (96, 32)
-    cache = ckpt / CACHE
-    made = cache.stat().st_mtime_ns
-    load_checkpoint(ckpt)
-    assert cache.stat().st_mtime_ns == made  # reused
+    assert not (ckpt / CACHE).exists()  # nothing written into the folder a user handed in
     reference = torch.load(last(ran["one"]), weights_only=True)["state_dict"]
     for key in ("net.trunk.blocks.1.mlp.fc1.weight", "net.head.weight"):
         torch.testing.assert_close(state[key], reference[key], rtol=1e-4, atol=1e-6)  # same 8 steps, 1 vs 2 procs
@@ -312,15 +411,16 @@ def test_every_reader_takes_a_sharded_checkpoint(ran: dict, corpus, tmp_path: Pa
     assert any((tmp_path / "prune").iterdir()) and any((tmp_path / "lens").iterdir())
 
 
-def test_a_stale_cache_is_made_again(ran: dict, tmp_path: Path):
+def test_a_changed_meta_pt_is_refused_not_read(ran: dict, tmp_path: Path):
     shutil.copytree(ran["part_a"], tmp_path / "part_a")  # changed below: a copy of the shared run
     ckpt = last(tmp_path / "part_a")
     first = load_checkpoint(ckpt)["global_step"]
     meta = ckpt / "meta.pt"
     payload = torch.load(meta, weights_only=True)
     payload["global_step"] = first + 1000
-    torch.save(payload, meta)
-    assert load_checkpoint(ckpt)["global_step"] == first + 1000
+    torch.save(payload, meta)  # no longer the file its save wrote: the folder's manifest says so
+    with pytest.raises(Exception, match="meta.pt whose content is not what its save wrote"):
+        load_checkpoint(ckpt)
 
 
 class Marker:
