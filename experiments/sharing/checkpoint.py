@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from torch import Tensor, nn
 
 from experiments.monitoring.records import SUMMARY_FILE, read_json
+from experiments.reliability.checkpointing import step_of
+from experiments.reliability.config_files import read_config
 from experiments.reliability.errors import CheckpointError, SuiteError
 from experiments.reliability.layout import TASK_NAMES, run_dir_of_checkpoint
 from experiments.reliability.safe_load import load_checkpoint
@@ -141,7 +142,7 @@ def read_run_checkpoint(path: str | Path) -> RunCheckpoint:
         hparams=dict(hparams),
         data_hparams=dict(payload.get("datamodule_hyper_parameters") or {}),
         state=state,
-        step=int(payload.get("global_step", 0)),
+        step=step_of(payload, path) if "global_step" in payload else 0,
         run_dir=run_dir,
         summary=summary,
         config=_read_config(run_dir / CONFIG_FILE) if run_dir is not None else {},
@@ -149,9 +150,9 @@ def read_run_checkpoint(path: str | Path) -> RunCheckpoint:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    """The run's saved config (trainer settings); {} when absent or unreadable (it only adds detail)."""
+    """The run's saved config (trainer settings), through the checked reader; {} when absent or unreadable (it
+    only adds detail)."""
     try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        return read_config(str(path)) if path.is_file() else {}
+    except SuiteError:
         return {}
-    return config if isinstance(config, dict) else {}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import shutil
 import time
 import warnings
@@ -30,6 +31,7 @@ from experiments.sharing.card import write_card
 from experiments.sharing.checkpoint import RunCheckpoint, read_run_checkpoint
 from experiments.sharing.output import check_out, folder_size, human_size, staged
 from experiments.sharing.report import ExportOptions
+from experiments.sharing.vae import vae_directory
 
 # format -> (the task it exports, the module whose ``export`` writes it)
 FORMATS = {
@@ -38,6 +40,7 @@ FORMATS = {
     "diffusers": ("dit", "experiments.sharing.diffusers_export"),
 }
 DEFAULT_FORMAT = {task: name for name, (task, _) in FORMATS.items()}
+_BLOCK = re.compile(r"trunk\.blocks\.(\d+)\.")  # the trunk's Blocks in a state dict
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,13 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
 def check_network_builds(run: RunCheckpoint) -> None:
     """Builds the run's network on PyTorch's meta device (shapes only, no memory) and loads the checkpoint's
     tensors into it, so hyperparameters edited to absurd sizes (a width of 2**40, a window of 2**62) or that
-    do not match the weights are refused in one line before anything is allocated or written.
+    do not match the weights are refused in one line before anything is allocated or written. The depth is
+    compared with the Blocks the weights hold first, before anything is built.
 
     Raises:
         CheckpointError: the hyperparameters do not build a network, or build one the weights do not fit.
     """
     import torch
 
+    depth, blocks = run.hparams["trunk"].get("depth"), len({m[1] for k in run.weights() if (m := _BLOCK.match(k))})
+    if isinstance(depth, int) and not isinstance(depth, bool) and blocks and depth > blocks:
+        raise CheckpointError(
+            f"checkpoint {run.path}: its hyperparameters say trunk depth {depth} but its weights hold {blocks} "
+            f"block{'s' if blocks != 1 else ''}; valid: the hyperparameters the run was trained with (they are saved "
+            "in the checkpoint by fit)"
+        )  # before building: a million blocks take minutes to build even on the meta device
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "copying from a non-meta parameter ... is a no-op": only shapes count
@@ -103,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         vae=Path(args.vae) if args.vae else None,
         check=not args.no_check,
     )
+    if fmt == "diffusers":
+        vae_directory(run, options)  # the VAE it ships decodes the DiT's latents: checked before anything is written
     exporter = importlib.import_module(FORMATS[fmt][1])  # imports its library (seconds): after every check
     start = time.perf_counter()
     with staged(out, args.overwrite, run.run_dir, run.path) as (folder, scratch):

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from experiments.reliability.errors import SuiteError
 from experiments.sharing.checkpoint import RunCheckpoint
 from experiments.sharing.isolated import Reloaded, ReloadFailed, reload_exports
 from experiments.sharing.report import ExportOptions, ExportReport
 from experiments.sharing.source import bundle
+from experiments.sharing.vae import vae_directory
 from experiments.tasks.diffusion import decode_latents, make_scheduler, sample_latents
 from models import count_params
 
@@ -35,25 +35,6 @@ PIPELINE_MODULE, PIPELINE_STEM = "experiments.sharing.dit_pipeline", "pipeline_s
 MODEL_MODULE, MODEL_STEM = "models.wrappers.diffusers_dit", "modeling_suite_dit"
 CHECK_STEPS, CHECK_SEEDS = 3, (0, 1)  # a short chain: the per-step math is what is compared
 TOLERANCE = 1e-5
-
-
-def vae_directory(run: RunCheckpoint, options: ExportOptions) -> Path | None:
-    """The VAE to ship: ``--vae``, else the run's ``vae_path`` (resolved from the current directory), else none.
-
-    Raises:
-        SuiteError: the directory named does not exist.
-    """
-    path = options.vae or run.hparams.get("vae_path")
-    if path is None:
-        return None
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        where = "--vae" if options.vae else f"the run's vae_path {str(path)!r}"
-        raise SuiteError(
-            f"{where} is not an AutoencoderKL directory (no config.json); valid: --vae DIR, or run from the "
-            "directory the run was trained in"
-        )
-    return path
 
 
 def write(run: RunCheckpoint, net, vae_path: Path | None, folder: Path) -> None:

@@ -335,3 +335,67 @@ def test_consent_names_a_package_of_ones_own(name, why, tmp_path, corpus, capsys
         "own (letters, digits, _), e.g. --trust_package mylab"
     ), line
     assert not (tmp_path / "runs").exists()
+
+
+#################################################################################
+#            export: a VAE that cannot decode, absurd depth, edited fields       #
+#################################################################################
+
+
+@pytest.fixture(scope="module")
+def exportable(tmp_path_factory) -> dict[str, Path]:
+    """A DiT run (4 latent channels) and an LM run (2 blocks) as fit leaves them, an 8-channel AutoencoderKL."""
+    from models.vae import build_vae
+    from tests.experiments.sharing.conftest import LATENT_DATA, TEXT_DATA, dit_module, lm_module, save_run
+
+    root = tmp_path_factory.mktemp("exportable")
+    dit = save_run(root, "pre", dit_module("pre", 3, root / "none"), "experiments.tasks.LatentDiffusion", LATENT_DATA)
+    lm = save_run(root, "pre", lm_module("pre", 1), "experiments.tasks.LanguageModeling", TEXT_DATA)
+    torch.manual_seed(0)
+    vae8 = root / "vae8"
+    build_vae((8, 8), layers_per_block=1, latent_channels=8, norm_num_groups=4, sample_size=16).save_pretrained(vae8)
+    return {"dit": dit, "lm": lm, "vae8": vae8, "root": root}
+
+
+def edited_checkpoint(source: Path, target: Path, **changes) -> Path:
+    payload = load_checkpoint(source)
+    for key, value in changes.items():
+        if key == "depth":
+            payload["hyper_parameters"] = {**payload["hyper_parameters"]}
+            payload["hyper_parameters"]["trunk"] = {**payload["hyper_parameters"]["trunk"], "depth": value}
+        else:
+            payload[key] = value
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, target)
+    return target
+
+
+def test_export_refuses_a_vae_that_cannot_decode_the_dits_latents(exportable, tmp_path, capsys):
+    dit, vae8, out = exportable["dit"], exportable["vae8"], tmp_path / "out"
+    before = digest(exportable["root"])
+    line = error_line(["export", "--ckpt", str(dit), "--out", str(out), "--vae", str(vae8)], capsys)
+    assert line.startswith(
+        f"error: --vae {vae8}: its config.json says latent_channels 8 but the DiT of {dit} samples 4-channel "
+        "latents, which it could not decode; valid: --vae DIR of the AutoencoderKL the run's latents were encoded"
+    ), line
+    missing = tmp_path / "no-such-vae"
+    line = error_line(["export", "--ckpt", str(dit), "--out", str(out), "--vae", str(missing)], capsys)
+    assert line.startswith(f"error: --vae {missing} does not exist; valid: --vae DIR"), line
+    assert not out.exists() and not list(tmp_path.glob(".out*")) and digest(exportable["root"]) == before
+
+
+def test_export_refuses_an_absurd_depth_from_the_weights_before_building(exportable, tmp_path, capsys):
+    ckpt = edited_checkpoint(exportable["lm"], tmp_path / "deep" / "last.ckpt", depth=1_000_000)
+    start = time.perf_counter()
+    line = error_line(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "out")], capsys)
+    assert line == (
+        f"error: checkpoint {ckpt}: its hyperparameters say trunk depth 1000000 but its weights hold 2 blocks; "
+        "valid: the hyperparameters the run was trained with (they are saved in the checkpoint by fit)"
+    ), line
+    assert time.perf_counter() - start < 30 and not (tmp_path / "out").exists()
+
+
+def test_export_names_a_global_step_that_is_not_a_number(exportable, tmp_path, capsys):
+    ckpt = edited_checkpoint(exportable["lm"], tmp_path / "step" / "last.ckpt", global_step="abc")
+    line = error_line(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "out")], capsys)
+    assert line.startswith(f"error: checkpoint {ckpt}: its global_step is 'abc', not a step count; valid:"), line
