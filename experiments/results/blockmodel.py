@@ -15,7 +15,7 @@ p-value is ``P(max_j |T_j| >= |t_i|)`` for ``T`` multivariate t with the residua
 contrasts' correlation from ``(X'X)^-1`` (0.5 between any two contrasts when the seeds are complete: they
 share the reference's mean). Dunnett rather than Holm because the contrasts are positively correlated through
 the shared reference: Holm (valid under any dependence) ignores that and at 20 contrasts needs about p <
-0.0025 for the first step where Dunnett needs about p < 0.0031 for every contrast, so Dunnett detects more
+0.0025 for the first step where Dunnett needs about p < 0.004 for every contrast, so Dunnett detects more
 at the same family-wise error. scipy's ``stats.dunnett`` assumes independent groups (one-way layout); with
 seeds as blocks the correlation and the degrees of freedom differ, so the multivariate t is evaluated here:
 in closed form by a two-dimensional quadrature when the correlations are all equal (complete seeds), else by

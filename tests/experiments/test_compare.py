@@ -437,3 +437,33 @@ def test_tables_only_rewrites_an_exports_tables_from_its_summaries(tmp_path: Pat
     assert "cells_csv" in capsys.readouterr().out
     with pytest.raises(SuiteError, match="--tables-only rewrites the directory's own tables"):
         compare.main([str(target), "--tables-only", "--baseline", "siamese"])
+
+
+# statsmodels 0.15.0, ols("y ~ C(scheme, Treatment('pre')) + C(seed)") on the finished runs of the sweep below
+# (post's seed 3 diverged, mixln has seed 1 only): residual df 5; and P(max |T| >= |t_i|) from a 4,000,000-draw
+# Monte Carlo of the multivariate t with its correlation (Dunnett on the block model).
+BLOCK_DUNNETT = {"hybrid": 0.07838075, "mixln": 8.75e-05, "post": 0.08205575, "siamese": 0.01189075}
+BLOCK_UNADJUSTED = {"hybrid": 0.026717736085798468, "post": 0.02803953979993903, "siamese": 0.003865018723905448}
+
+
+def test_every_cell_carries_its_slices_verdict_in_the_table_the_csv_and_the_notes(tmp_path: Path):
+    post, statuses = [1.541, 1.570, None], ["finished", "finished", "diverged"]
+    offset = [v + 0.01 for v in PRE]
+    runs = seeded("pre", PRE) + seeded("siamese", SIAMESE) + seeded("post", post, statuses) + seeded("hybrid", offset)
+    write_sweep(tmp_path, runs + seeded("mixln", [1.6, None, None], ["finished", "diverged", "diverged"]))
+    out = Tables(tmp_path)
+    by_scheme = {row["scheme"]: row for row in out.cells_csv}
+    for scheme, p in BLOCK_DUNNETT.items():
+        assert float(by_scheme[scheme]["verdict_p_adjusted"]) == pytest.approx(p, abs=2e-3)
+    for scheme, p in BLOCK_UNADJUSTED.items():  # adjusted for 4 contrasts: larger than the block model's own p
+        assert float(by_scheme[scheme]["verdict_p_adjusted"]) > p
+    assert [by_scheme[s]["verdict"] for s in ("siamese", "post", "hybrid", "mixln")] == [
+        "better", "undecided", "undecided", "worse"]  # fmt: skip
+    assert by_scheme["post"]["verdict_n"] == "2" and by_scheme["mixln"]["verdict_n"] == "1"
+    assert by_scheme["pre"]["verdict"] == "" and by_scheme["siamese"]["verdict_margin"] == "0.02"
+    rows = {r[0]: r for r in cells_table(out.markdown)[2:]}
+    assert rows["siamese"][5] == f"better (Dunnett, block model: p = {BLOCK_DUNNETT['siamese']:.2g}, n = 3)"
+    assert rows["post"][5].startswith("undecided (Dunnett, block model: p = 0.082, n = 2): ~")
+    assert "Dunnett, block model (4 contrasts, residual df 5, pooled SD 0.00395;" in out.markdown
+    pivot = compare.load_comparison(tmp_path).block("pivot")
+    assert "<br>**better (Dunnett, block model: p = 0.012, n = 3)**" in pivot
