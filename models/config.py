@@ -15,13 +15,17 @@ INIT_KINDS = ("trunc_normal", "normal", "xavier")
 QK_NORM_SCOPES = ("per_head", "full")
 DYT_ALPHA_RULES = ("fixed", "width")
 
-#: DyT's starting alpha by model width (Zhu et al., arXiv 2503.10622, Tables 11-12: LLaMA models; depth barely
-#: matters): ``(width, alpha of the attention sublayers' norms, alpha of the other norms)``. The LLaMA port's README
-#: gives 0.8 / 0.2 for LLaMA-2 7B (width 4096), 0.6 / 0.15 for 13B (5120) and 0.2 / 0.05 for 34B and 70B (8192).
+#: DyT's starting alpha by model width: ``(width, alpha of the attention sublayers' norms, alpha of the other norms)``
+#: (MLP sublayers' and the final norm's). Each row's source (tests/models/test_dyt.py holds them row by row): Zhu et
+#: al., arXiv 2503.10622, Table 11 (alpha by width x depth; depth barely matters) for 1024, 2048, 4096 and 8192;
+#: Table 12 (the LLaMA models) and the LLaMA port's README (jiachenzhu/DyT ``other_tasks/LLaMA``, ``llama2_*``
+#: commands; the widths from its ``config_utils.py``) for 4096 (LLaMA-2 7B: 0.8 / 0.2 / 0.2), 5120 (13B: 0.6 / 0.15 /
+#: 0.15) and 8192 (34B and 70B: 0.2 / 0.05 / 0.05).
 DYT_WIDTH_TABLE: tuple[tuple[int, float, float], ...] = (
     (1024, 1.0, 1.0),
     (2048, 1.0, 0.5),
     (4096, 0.8, 0.2),
+    (5120, 0.6, 0.15),
     (8192, 0.2, 0.05),
 )
 
@@ -143,9 +147,12 @@ class TrunkConfig:
             apply to Derf (``norm_layer: derf``) as well: its alpha starts where DyT's would, its scalar ``s`` at 0.
         learned_embed_scale: language models only: multiply the token embedding by a learnable scalar that
             starts at ``sqrt(dim)`` (DyT's LLaMA port, ``shared_scale``).
-        adaln_zero_init: conditioned (DiT) trunks only: start every adaLN modulation and the final linear at zero;
-            false keeps them at the init every other Linear gets, zero biases (DyT's DiT port deletes those
-            zeroing lines).
+        adaln_zero_init: conditioned (DiT) trunks: true (the official DiT) starts every adaLN modulation, the
+            final adaLN and the final linear at zero; false keeps all of them at the init every other Linear gets,
+            zero biases (DyT's DiT port deletes those zeroing lines; the Derf port's DiT-L / XL with Derf);
+            "blocks" zeroes the blocks' adaLN only, the final adaLN and final linear keeping xavier-uniform weights
+            and zero biases (zlab-princeton/Derf ``DiT/models.py`` ``initialize_weights`` for DiT-B with Derf: it
+            zeroes the final layer only under LayerNorm). Unconditioned trunks take true or "blocks".
         activation_checkpointing: recompute each block in backward to save memory.
         recompute_norms: recompute each sublayer's prologue (the scheme's norms and element-wise ops up to the
             branch input; the readout too) in backward instead of keeping it, as :mod:`models.recompute`
@@ -191,7 +198,7 @@ class TrunkConfig:
     dyt_alpha_rule: str = "fixed"
     dyt_bias: bool = True
     learned_embed_scale: bool = False
-    adaln_zero_init: bool = True
+    adaln_zero_init: bool | Literal["blocks"] = True
     activation_checkpointing: bool = False
     recompute_norms: bool | Literal["auto"] = "auto"
     mhc_streams: int = 4
@@ -228,6 +235,8 @@ class TrunkConfig:
             raise ValueError(f"unknown mhc_variant {self.mhc_variant!r}; valid: {', '.join(MHC_VARIANTS)}")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
             raise ValueError(f"trunk moe_top_k {self.moe_top_k} must be in [1, moe_experts={self.moe_experts}]")
+        if not (isinstance(self.adaln_zero_init, bool) or self.adaln_zero_init == "blocks"):
+            raise ValueError(f"trunk adaln_zero_init must be true, false or 'blocks', got {self.adaln_zero_init!r}")
         if not (isinstance(self.recompute_norms, bool) or self.recompute_norms == "auto"):
             raise ValueError(f"trunk recompute_norms must be true, false or 'auto', got {self.recompute_norms!r}")
         for f in fields(self):

@@ -73,7 +73,9 @@ class DiT(nn.Module):
 
         ``trunk.adaln_zero_init=False`` is DyT's DiT port, which deletes the official lines that zero the blocks'
         and the final layer's adaLN modulation and the final linear: those keep ``_basic_init``'s xavier-uniform
-        weights and zero biases.
+        weights and zero biases. ``"blocks"`` is the Derf port's DiT-B with Derf (zlab-princeton/Derf
+        ``DiT/models.py``: the blocks' adaLN zeroed for ``'B' in model_name`` or LayerNorm, the final layer only
+        for LayerNorm): the blocks start at zero (the trunk), the final adaLN and linear as under false.
         """
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # patch embed like a Linear
@@ -83,7 +85,7 @@ class DiT(nn.Module):
             nn.init.normal_(linear.weight, std=0.02)
             nn.init.zeros_(linear.bias)
         for linear in (self.final_adaLN.net[1], self.final_linear):
-            if self.cfg.adaln_zero_init:  # zero output at init: the model starts predicting zero noise
+            if self.cfg.adaln_zero_init is True:  # zero output at init: the model starts predicting zero noise
                 nn.init.zeros_(linear.weight)  # (AdaLNZero zeroes itself; restated as official does)
             else:
                 nn.init.xavier_uniform_(linear.weight)

@@ -145,8 +145,8 @@ RECIPES: dict[str, Recipe] = {
                              "RMSNorm Pre-Norm: their baseline", dict(norm_scheme="pre", **_PORT_TRUNK), ("lm",)),
     "siamese-port-trunk": Recipe("the DyT LLaMA port's trunk under RMSNorm SiameseNorm: siamese-dyt-llama's baseline",
                                  dict(norm_scheme="siamese", **_PORT_TRUNK), ("lm",)),
-    "derf": Recipe("zlab-princeton/Derf (ViT, DiT-B): every norm Derf, alpha 0.5, s 0; DiT keeps adaLN-Zero",
-                   dict(norm_layer="derf")),
+    "derf": Recipe("zlab-princeton/Derf (ViT, DiT-B): every norm Derf, alpha 0.5, s 0; DiT-B zeroes the blocks' "
+                   "adaLN only (the final layer keeps xavier, zero bias)", dict(norm_layer="derf", adaln_zero_init="blocks")),
     "derf-gpt2": Recipe("zlab-princeton/Derf language model/ (nanoGPT): alpha 1.0, shared_scale sqrt(d), no QK-norm",
                         _DERF_GPT2, ("lm",)),
     "pre-derf-gpt2": Recipe("the Derf paper's LM: Pre-Norm with its GPT-2 port's recipe",

@@ -153,7 +153,8 @@ class Trunk(nn.Module):
         2. GPT-2 recipe (``scaled_output_init``): residual output projections get ``std / sqrt(2L)``.
         3. The scheme's branch gain (DeepNorm's beta) scales value, attention-output and MLP weights.
         4. Norm scales start at 1 and shifts at 0 (their own defaults; DyT's alpha at its site's value);
-           adaLN-Zero layers start at zero, or (``adaln_zero_init=False``, DyT's DiT port) keep step 1's init.
+           adaLN-Zero layers start at zero (``adaln_zero_init`` true or "blocks"), or (false: DyT's DiT port) keep
+           step 1's init.
         """
         cfg = self.cfg
 

@@ -93,8 +93,7 @@ def test_recompute_norms_takes_true_false_or_auto(value):
 
 @pytest.mark.parametrize(
     "name",
-    ["qk_norm", "bias", "activation_checkpointing", "siamese_input_norm", "dyt_bias", "learned_embed_scale",
-     "adaln_zero_init"],
+    ["qk_norm", "bias", "activation_checkpointing", "siamese_input_norm", "dyt_bias", "learned_embed_scale"],
 )  # fmt: skip
 def test_switches_must_be_booleans(name):
     with pytest.raises(ValueError, match=f"trunk {name} must be true or false, got 'false'"):

@@ -1,6 +1,7 @@
 """Derf (``norm_layer: derf``) against its reference ``Dynamic_erf`` (zlab-princeton/Derf at 8dd9ea3): the layer's
 equation in float64 with the reference's parameter names and init values, its ports' recipes (ViT / DiT alpha 0.5,
-GPT-2 alpha 1.0 with the learnable sqrt(d) embedding scale, the DiT port's adaLN-Zero kept), and Keel's facts.
+GPT-2 alpha 1.0 with the learnable sqrt(d) embedding scale, the DiT port's init: the blocks' adaLN zeroed for DiT-B,
+the final layer xavier-uniform with Derf), and Keel's facts.
 
 Every scheme with Derf norms, plain and adaLN, is checked against the float64 trunk reference in test_schemes.py.
 """
@@ -69,14 +70,62 @@ def test_gpt2_port_recipe_alpha_one_everywhere_and_sqrt_d_embedding_scale():
     assert lm.embed_scale.item() == pytest.approx(math.sqrt(D))
 
 
-def test_dit_port_keeps_adaln_zero():
-    """DiT/models.py zeroes the blocks' adaLN for DiT-B whatever the norm: the suite's default."""
-    dit = DiT(
-        TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_layer="derf"), input_size=4, patch_size=2, num_classes=3
-    )
+def source_zeroes(normtype: str, model_name: str) -> tuple[bool, bool]:
+    """zlab-princeton/Derf ``DiT/models.py`` ``initialize_weights`` (8dd9ea3): whether it zeroes the blocks' adaLN
+    (``normtype == 'layernorm' or 'B' in self.model_name``) and the final adaLN + final linear
+    (``normtype == 'layernorm'``); what it does not zero keeps ``_basic_init``: xavier-uniform weight, zero bias."""
+    return normtype == "layernorm" or "B" in model_name, normtype == "layernorm"
+
+
+@pytest.mark.parametrize(
+    ("normtype", "model_name", "option"),
+    [("layernorm", "DiT-B/4", True), ("derf", "DiT-B/4", "blocks"), ("derf", "DiT-XL/2", False),
+     ("derf", "DiT-L/4", False)],
+)  # fmt: skip
+def test_dit_port_zeroes_what_its_initialize_weights_zeroes(normtype: str, model_name: str, option):
+    """The source's rule, case by case, against the option that reproduces it; the shipped Derf overlay is its
+    DiT-B case (the final layer used to start at zero: the official DiT's, which the Derf port keeps only for
+    LayerNorm)."""
+    blocks_zero, final_zero = source_zeroes(normtype, model_name)
+    cfg = TrunkConfig(dim=D, depth=2, num_heads=HEADS, norm_layer=normtype, init="xavier", adaln_zero_init=option)
+    dit = DiT(cfg, input_size=4, patch_size=2, num_classes=3)
     for blk in dit.trunk.blocks:
-        assert torch.count_nonzero(blk.adaLN.net[1].weight) == 0
-    assert any(isinstance(m, Derf) and m.weight is None for m in dit.modules())
+        assert (torch.count_nonzero(blk.adaLN.net[1].weight) == 0) == blocks_zero
+        assert torch.count_nonzero(blk.adaLN.net[1].bias) == 0
+    for linear in (dit.final_adaLN.net[1], dit.final_linear):
+        assert (torch.count_nonzero(linear.weight) == 0) == final_zero
+        assert torch.count_nonzero(linear.bias) == 0
+    if normtype == "derf" and "B" in model_name:
+        from models.presets import RECIPES
+
+        assert RECIPES["derf"].trunk["adaln_zero_init"] == option
+
+
+def test_dit_port_final_layer_values_in_float64():
+    """Init values, not only zeros: in float64, ``initialize_weights`` draws (seeded) exactly what the source's
+    ``_basic_init`` + redraws would, in its order: patch embed xavier (as a Linear), label table normal(0.02), the
+    timestep MLP normal(0.02), then the final adaLN and the final linear xavier-uniform with zero biases."""
+    cfg = TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_layer="derf", init="xavier", adaln_zero_init="blocks")
+    dit = DiT(cfg, input_size=4, patch_size=2, num_classes=3).double()
+    torch.manual_seed(7)
+    dit.initialize_weights()
+    torch.manual_seed(7)
+    patch = torch.nn.init.xavier_uniform_(torch.empty(D, 4 * 2 * 2, dtype=torch.float64))
+    table = torch.nn.init.normal_(torch.empty_like(dit.y_embedder.table.weight), std=0.02)
+    t0 = torch.nn.init.normal_(torch.empty_like(dit.t_embedder.mlp[0].weight), std=0.02)
+    t2 = torch.nn.init.normal_(torch.empty_like(dit.t_embedder.mlp[2].weight), std=0.02)
+    ada = torch.nn.init.xavier_uniform_(torch.empty(2 * D, D, dtype=torch.float64))
+    final = torch.nn.init.xavier_uniform_(torch.empty(2 * 2 * 8, D, dtype=torch.float64))
+    assert torch.equal(dit.x_embedder.proj.weight.flatten(1), patch)
+    assert torch.equal(dit.y_embedder.table.weight, table)
+    assert torch.equal(dit.t_embedder.mlp[0].weight, t0) and torch.equal(dit.t_embedder.mlp[2].weight, t2)
+    assert torch.equal(dit.final_adaLN.net[1].weight, ada) and torch.equal(dit.final_linear.weight, final)
+    bound = math.sqrt(6 / (D + 2 * D))  # xavier-uniform's limit for the (2D, D) final adaLN
+    assert 0.8 * bound < ada.abs().max() <= bound
+    assert dit.final_adaLN.net[1].bias.abs().sum() == 0 and dit.final_linear.bias.abs().sum() == 0
+    assert dit.final_linear.weight.dtype == torch.float64
+    with pytest.raises(ValueError, match="trunk adaln_zero_init must be true, false or 'blocks', got 'final'"):
+        TrunkConfig(adaln_zero_init="final")
 
 
 #################################################################################

@@ -93,14 +93,34 @@ def test_task_specific_port_options_are_refused_where_they_mean_nothing():
 #################################################################################
 
 
+#: Every row of the width rule with where it comes from: (width, attention alpha, other alpha, sources). "port" is
+#: jiachenzhu/DyT at aab5dde: other_tasks/LLaMA/README.md's training commands (--attn_alpha_init_value,
+#: --ffn_alpha_init_value = --dec_alpha_init_value) for the model variants whose emb_dim
+#: fms_fsdp/utils/config_utils.py gives; "Table 11" / "Table 12": the paper (arXiv 2503.10622), width x depth sweep
+#: and LLaMA models.
+WIDTH_ROWS = [
+    (1024, 1.0, 1.0, "Table 11"),
+    (2048, 1.0, 0.5, "Table 11"),
+    (4096, 0.8, 0.2, "Table 11; Table 12 and port: llama2_7b, emb_dim 4096, 0.8 / 0.2 / 0.2"),
+    (5120, 0.6, 0.15, "Table 12 and port: llama2_13b, emb_dim 5120, 0.6 / 0.15 / 0.15"),
+    (8192, 0.2, 0.05, "Table 11; Table 12 and port: llama2_34b and llama2_70b, emb_dim 8192, 0.2 / 0.05 / 0.05"),
+]
+
+
+def test_the_width_table_is_the_sourced_rows():
+    from models.config import DYT_WIDTH_TABLE
+
+    assert tuple((w, a, o) for w, a, o, _ in WIDTH_ROWS) == DYT_WIDTH_TABLE
+
+
 @pytest.mark.parametrize(
     ("dim", "attn", "other"),
     [(64, 1.0, 1.0), (128, 1.0, 1.0), (1024, 1.0, 1.0), (1536, 1.0, 1.0), (2048, 1.0, 0.5), (4096, 0.8, 0.2),
-     (5120, 0.8, 0.2), (8192, 0.2, 0.05), (16384, 0.2, 0.05)],
+     (5120, 0.6, 0.15), (6144, 0.6, 0.15), (8192, 0.2, 0.05), (16384, 0.2, 0.05)],
 )  # fmt: skip
 def test_width_rule_gives_the_tables_alpha_by_width(dim: int, attn: float, other: float):
-    """DyT paper Tables 11-12 (width 1024: 1.0 / 1.0, 2048: 1.0 / 0.5, 4096: 0.8 / 0.2 -- the LLaMA port's 7B
-    values --, 8192: 0.2 / 0.05); between rows the smaller width's row, below the table its first row."""
+    """The rows of WIDTH_ROWS (5120: LLaMA-2 13B's 0.6 / 0.15, which the rule used to answer with the 4096 row's
+    0.8 / 0.2); between rows the smaller width's row, below the table its first row."""
     cfg = TrunkConfig(dim=dim, depth=1, num_heads=1, norm_layer="dyt", dyt_alpha_rule="width")
     assert (cfg.dyt_init("attn").alpha, cfg.dyt_init("mlp").alpha, cfg.dyt_init("readout").alpha) == (
         attn,

@@ -69,8 +69,9 @@ def test_every_scheme_has_an_overlay_and_every_recipe_changing_the_trunk_a_pre_n
             assert twins, f"{name}: no Pre-Norm overlay with {options}"
 
 
+#: What a norm-layer port sets besides the layer (its alphas; the DiT init its port uses, nothing on an LM's trunk).
 LAYER_OPTIONS = {"norm_layer", "dyt_alpha_rule", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
-                 "dyt_alpha_init_final", "dyt_bias"}  # fmt: skip
+                 "dyt_alpha_init_final", "dyt_bias", "adaln_zero_init"}  # fmt: skip
 
 
 def test_every_norm_layer_port_has_an_rmsnorm_pre_norm_twin_with_the_rest_of_its_trunk():
