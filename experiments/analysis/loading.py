@@ -14,6 +14,7 @@ import lightning as L
 import yaml
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
+from experiments.reliability.config_files import read_config
 from experiments.reliability.errors import SuiteError
 from experiments.reliability.safe_load import load_checkpoint
 
@@ -66,7 +67,7 @@ def load_module(
             saved = run_dir_of(ckpt) / "config.yaml"
             if not saved.is_file():
                 raise AnalysisError(f"no config.yaml next to {ckpt.parent}; pass --config CONFIG [--config OVERLAY]")
-            config = yaml.safe_load(saved.read_text()) or {}
+            config = read_config(str(saved))  # the checked reader: a tab or a bad value is one line naming the file
             for key in _SUBCOMMAND_KEYS:
                 config.pop(key, None)
             configs = [str(Path(tmp) / "config.yaml")]

