@@ -33,6 +33,7 @@ from experiments.parallel.memory import (
     MemoryEstimate,
     MemorySetup,
     Workload,
+    check_shape,
     measure,
     parse_memory,
     setup_from_config,
@@ -278,9 +279,9 @@ def estimate(spec: SweepSpec, run: Run) -> Estimate:
     trainer, model = config.get("trainer") or {}, _init(config, "model")
     if task == "other":
         return Estimate(name, task, 0, None, None, None, None, None, None, None, "not a trainable task config")
-    params, flop_params, train_per_sample, fwd_per_sample = _measured(
-        task, json.dumps(network_args(task, config, spec.dataset), sort_keys=True)
-    )
+    network = network_args(task, config, spec.dataset)
+    check_shape(network)  # an absurd width or depth: one line, before anything is built
+    params, flop_params, train_per_sample, fwd_per_sample = _measured(task, json.dumps(network, sort_keys=True))
     per_step, world = samples_per_step(spec, config), world_size(spec, config)
     steps, note = trainer.get("max_steps"), ""
     if (steps is None or steps < 0) and trainer.get("max_epochs") and per_step:

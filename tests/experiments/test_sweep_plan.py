@@ -176,3 +176,22 @@ def test_a_budget_on_the_command_line_overrides_the_spec(monkeypatch, capsys):
     sweep.main(["sweep", *argv])
     out = capsys.readouterr().out
     assert out.count("--trainer.max_steps=1000") == 8 and "budget: steps 1,000 -> 1,000 steps" in out
+
+
+def test_a_dry_run_refuses_an_absurd_depth_in_its_row(tmp_path: Path, capsys):
+    """A depth past the estimate's limit is that run's error (one line, exit 2), found before anything is built."""
+    from experiments.__main__ import main
+
+    spec = tmp_path / "absurd.yaml"
+    spec.write_text(
+        f"name: absurd\nconfigs: [{ROOT / 'configs/lm/tiny.yaml'}]\nschemes: [pre]\n"
+        "args: [--model.init_args.trunk.depth=1000000]\n"
+    )
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", str(spec), "--dry-run"])
+    captured = capsys.readouterr()
+    assert stop.value.code == 2 and "absurd (" in captured.out
+    assert captured.err.strip().splitlines() == [
+        "error: estimate of 1 run(s) failed (absurd/pre): model.init_args.trunk.depth=1000000 must be >= 0 and <= "
+        "1024 (config; the memory estimate's limit)"
+    ]
