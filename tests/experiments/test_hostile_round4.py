@@ -459,3 +459,14 @@ def test_fid_says_the_torch_hub_cache_cannot_be_written_and_how_to_point_elsewhe
         "); valid: TORCH_HOME=DIR for a writable cache (it becomes DIR/hub), or --weights FILE naming a "
         "torch-fidelity InceptionV3 state dict (weights-inception-2015-12-05-6726825d.pth)"
     ), line
+
+
+def test_a_fit_refused_after_it_claimed_its_run_directory_removes_it(tmp_path, corpus, capsys):
+    """The second line of defence: a refusal from Lightning's own Trainer checks (after the run directory was made)
+    removes the directory this command made, so the corrected command is not told it "already holds a run"."""
+    runs = tmp_path / "runs"
+    line = error_line(fit_args(runs, corpus, "--trainer.max_steps=1", STRATEGY), capsys)  # a class path as a name
+    assert "invalid strategy name" in line, line
+    assert not (runs / "lm" / "tiny" / "pre").exists()
+    main(fit_args(runs, corpus, "--trainer.max_steps=1"))  # the corrected command runs
+    assert (runs / "lm" / "tiny" / "pre" / "config.yaml").is_file()
