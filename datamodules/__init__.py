@@ -6,6 +6,7 @@
     latents/    DiT: the VAE-latent cache, ``python -m datamodules.latents.encode``, ``LatentDataModule``, and
                 ``SyntheticLatentDataModule`` for smoke runs
     samplers.py resumable training orders; loaders.py the one ``DataLoader`` recipe every DataModule uses
+    fingerprint.py  the hash of the files a DataModule reads, compared across the ranks of a multi-process run
 
 Belongs here: anything that reads, prepares or batches data. Never imports ``experiments``.
 """

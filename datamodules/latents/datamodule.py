@@ -7,7 +7,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.latents.cache import LatentShards, read_latent_meta
+from datamodules.fingerprint import check_same_files
+from datamodules.latents.cache import META_FILE, LatentShards, read_latent_meta
 from datamodules.loaders import make_loader
 from datamodules.samplers import RandomPermutationSampler
 
@@ -126,6 +127,10 @@ class LatentDataModule(L.LightningDataModule):
         return np.sort(order[val_count:]), np.sort(order[:val_count])
 
     def setup(self, stage: str | None = None) -> None:
+        """Opens the cache and splits it; under several ranks, checks first that every rank reads the same cache
+        (:mod:`datamodules.fingerprint`)."""
+        files = [s[key] for s in self.meta.shards for key in ("latents", "latents_flip", "labels") if s.get(key)]
+        check_same_files(self.cache_dir, [META_FILE, *files], f"latent cache {self.cache_dir}")
         if self.shards is None:
             self.shards = LatentShards(self.cache_dir, self.meta)
             self.train_index, self.val_index = self.split_indices()

@@ -25,12 +25,14 @@ import torch
 from annotated_types import Ge, Interval
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from datamodules.fingerprint import check_same_files
 from datamodules.loaders import make_loader
 from datamodules.text.corpus import embedded_corpus_name
 from datamodules.text.pipeline import prepare_text_shards
 from datamodules.text.shard_windows import SplitWindows
 from datamodules.text.shards import (
     FORMAT_VERSION,
+    META_FILE,
     ShardMeta,
     check_fractions,
     has_shards,
@@ -136,6 +138,7 @@ class TextDataModule(L.LightningDataModule):
         self.test_dataset: Subset[torch.Tensor] | None = None
         self.train_sampler: RandomWindowSampler | None = None
         self._baseline_loss: float | None = None
+        self.data_fingerprint: str | None = None  # set by setup() under several ranks
 
     # ----------------------------------------------------------------------------------- properties
 
@@ -218,10 +221,13 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def setup(self, stage: str | None = None) -> None:
-        """Opens the shards of the splits `stage` needs and fixes the evaluation windows."""
+        """Opens the shards of the splits `stage` needs and fixes the evaluation windows. Under several ranks,
+        checks first that every rank reads the same shards (:mod:`datamodules.fingerprint`)."""
         directory = self.shard_dir
         self._meta = read_meta(directory)
         self._check_meta(self._meta)
+        shards = {seg["file"] for split in self._meta.split_tokens for seg in self._meta.segments(split)}
+        self.data_fingerprint = check_same_files(directory, [META_FILE, *shards], f"text shards {directory}")
         self._tokenizer = load_shard_tokenizer(directory, self._meta)
         if stage in (None, "fit"):
             self.train_dataset = SplitWindows(directory, "train", self.seq_len, self._meta)

@@ -283,3 +283,30 @@ def test_image_folder_center_crop(vae_dir, tmp_path):
     image = Image.open(tmp_path / "imgs" / "dog" / "0.png").convert("RGB").resize((16, 56), Image.BICUBIC)
     crop = torch.from_numpy(np.array(image)[20:36]).permute(2, 0, 1)[None]
     torch.testing.assert_close(torch.from_numpy(shards.latent(2)[None]), reference_latents(vae_dir, crop))
+
+
+def test_ranks_reading_different_latent_caches_are_refused_at_setup(cache32, tmp_path, monkeypatch):
+    """Rank 0 read the cache; this rank (1 of 2, all_gather faked) reads a copy whose one latent was re-encoded:
+    one line naming both. The unchanged copy is taken."""
+    import shutil
+
+    import datamodules.fingerprint as fp
+    from datamodules.latents.cache import META_FILE
+
+    copy = tmp_path / "f32"
+    shutil.copytree(cache32, copy)
+    meta = read_latent_meta(copy)
+    names = [META_FILE, *(s[k] for s in meta.shards for k in ("latents", "latents_flip", "labels") if s.get(k))]
+    rank0 = {"rank": 0, "host": "node-a", "what": f"latent cache {cache32}",
+             "fingerprint": fp.files_fingerprint(cache32, names)}  # fmt: skip
+    monkeypatch.setattr(fp, "_world", lambda: 2)
+    monkeypatch.setattr(fp.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(fp.dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), [rank0, mine]))
+    LatentDataModule(str(copy)).setup("fit")  # the same bytes: taken
+    first = copy / meta.shards[0]["latents"]
+    latents = np.load(first, allow_pickle=False)
+    latents[3] += 1
+    np.save(first, latents)
+    says = r"^the ranks read different data: rank 0 on node-a read latent cache .*f32 \(fingerprint [0-9a-f]{12}\), "
+    with pytest.raises(ValueError, match=says + r"rank 1 on .* read latent cache .*f32 \(fingerprint"):
+        LatentDataModule(str(copy)).setup("fit")
