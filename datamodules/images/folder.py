@@ -17,6 +17,7 @@ total over all workers is visible (`num_broken_images`).
 # Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
 # ``Annotated`` bounds while parsing only then.
 
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
+from datamodules.fingerprint import check_same_items
 from datamodules.loaders import make_loader
 from datamodules.samplers import RandomPermutationSampler
 
@@ -273,13 +275,18 @@ class ImageFolderDataModule(L.LightningDataModule):
         return per_device
 
     def setup(self, stage: str | None = None) -> None:
-        """Scans train/ (for fit) and val/ (for every stage; it doubles as test); derives the per-device batch."""
+        """Scans train/ (for fit) and val/ (for every stage; it doubles as test); derives the per-device batch.
+        Under several ranks, checks that every rank found the same images (:mod:`datamodules.fingerprint`: each
+        one's path, class and size)."""
         self.batch_size = self.per_device_batch_size()
         if stage in (None, "fit") and self.train_dataset is None:
             self.train_dataset = self._folder("train", self.train_transform)
             self.train_sampler = RandomPermutationSampler(len(self.train_dataset), self.seed)
         if self.val_dataset is None:
             self.val_dataset = self._folder("val", self.eval_transform)
+        datasets = [d.dataset for d in (self.train_dataset, self.val_dataset) if d is not None]
+        images = (f"{os.path.relpath(p, self.root)}\t{c}\t{os.path.getsize(p)}" for d in datasets for p, c in d.samples)
+        check_same_items(images, f"image folder {self.root}")
 
     def teardown(self, stage: str) -> None:
         if self.num_broken_images:

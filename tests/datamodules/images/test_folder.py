@@ -158,3 +158,24 @@ def test_global_batch_reaches_the_loader(tree: Path):
     dm.setup("fit")  # no trainer: one process
     x, _ = next(iter(dm.train_dataloader()))
     assert x.shape[0] == 4
+
+
+def test_ranks_that_found_other_images_are_refused_at_setup(tree: Path, monkeypatch) -> None:
+    """This rank (1 of 2, all_gather faked) scans a folder where one image was replaced (another file size) since
+    rank 0 scanned it: one line naming both; the folder as rank 0 saw it is taken."""
+    import datamodules.fingerprint as fp
+
+    records = {}
+
+    def gather(out, mine):  # rank 0 answers with the first fingerprint it was asked about
+        records.setdefault("rank0", {**mine, "rank": 0, "host": "node-a"})
+        out[:] = [records["rank0"], mine]
+
+    monkeypatch.setattr(fp, "_world", lambda: 2)
+    monkeypatch.setattr(fp.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(fp.dist, "all_gather_object", gather)
+    ImageFolderDataModule(str(tree), **FAST).setup("fit")  # rank 0's view: the same on both
+    ImageFolderDataModule(str(tree), **FAST).setup("fit")
+    Image.fromarray(np.zeros((30, 30, 3), dtype=np.uint8)).save(tree / "val" / "dog" / "1.png")  # same name
+    with pytest.raises(ValueError, match=r"^the ranks read different data: rank 0 on node-a read image folder "):
+        ImageFolderDataModule(str(tree), **FAST).setup("fit")
