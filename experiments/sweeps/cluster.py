@@ -132,8 +132,35 @@ def fit_job(spec: SweepSpec, run: Run, sweep_dir: Path) -> FitJob:
 
 
 def read_jobs(sweep_dir: Path) -> dict[str, dict]:
-    """``jobs.json``: run name -> {job_id, cluster, folder, submitted}."""
-    return read_json(sweep_dir / JOBS_FILE)
+    """``jobs.json``: run name -> {job_id, cluster, folder, submitted} ({} without one).
+
+    Raises:
+        SuiteError: an entry that is not such a record (a hand-edited or foreign file), in one line naming it.
+    """
+    path = sweep_dir / JOBS_FILE
+    jobs = read_json(path)
+    for name, record in jobs.items():
+        problem = _job_problem(record)
+        if problem is not None:
+            raise SuiteError(
+                f"{path}: the entry of run {name!r} {problem}; valid: the records the sweep writes "
+                "({job_id, cluster, folder, submitted} per run), or no jobs.json (the sweep then forgets its jobs)"
+            )
+    return jobs
+
+
+def _job_problem(record: object) -> str | None:
+    """What is wrong with one ``jobs.json`` entry (None: a job record this code can ask about)."""
+    if not isinstance(record, dict):
+        return f"is {type(record).__name__}, not an object"
+    job_id, cluster = record.get("job_id"), record.get("cluster")
+    if cluster not in ("local", "slurm"):
+        return f"has cluster {cluster!r} (not 'local' or 'slurm')"
+    if not isinstance(job_id, str) or not job_id or (cluster == "local" and not job_id.isdigit()):
+        return f"has job_id {job_id!r} (not " + ("a process id)" if cluster == "local" else "a SLURM job id)")
+    if cluster == "slurm" and not isinstance(record.get("folder"), str):
+        return f"has folder {record.get('folder')!r} (not a submitit folder)"
+    return None
 
 
 def record_jobs(sweep_dir: Path, records: dict[str, dict], command: str) -> dict[str, dict]:

@@ -242,7 +242,9 @@ def run_locally(spec: SweepSpec, runs: list[Run], sweep_dir: Path, restart: bool
 
     Raises:
         SystemExit: 130 / 143 after Ctrl-C / SIGTERM, once the running runs have saved.
+        SuiteError: the sweep directory's ``jobs.json`` holds an entry that is not a job record (before any run).
     """
+    read_jobs(sweep_dir)  # a jobs.json a submitit sweep left that cannot be read: one line before any run starts
     tags = {r.name(spec): f"[{i + 1}/{len(runs)}] {r.name(spec)}" for i, r in enumerate(runs)}
     progress = GridProgress(spec.name, sweep_dir, tags, spec.parallel)
     reporter = Reporter(progress, spec.progress_every_s, say)

@@ -200,3 +200,30 @@ def test_two_submitit_sweeps_on_one_spec_submit_each_run_once(tmp_path: Path, co
         assert json.loads((sweep_dir / name / "summary.json").read_text())["status"] == "finished"
         assert (sweep_dir / "logs" / f"{name}.log").read_text().count("run saved to") == 1
     assert "crashed" not in both.lower(), both
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [([1], "is list, not an object"), ({"job_id": "abc", "cluster": "local"}, "has job_id 'abc' (not a process id)"),
+     ({"job_id": "12", "cluster": "cloud"}, "has cluster 'cloud' (not 'local' or 'slurm')"),
+     ({"job_id": "12_0", "cluster": "slurm"}, "has folder None (not a submitit folder)")],
+)  # fmt: skip
+def test_a_jobs_file_that_is_not_the_sweeps_is_one_line(entry, says, tmp_path: Path, monkeypatch, capsys):
+    """`--status` (which asks the scheduler about each job) and a process-launcher sweep on the spec (which
+    leaves runs with active jobs alone) both read jobs.json: a bad entry is one line naming it, before any run."""
+    from experiments.sweeps.ownership import claim_sweep_dir
+    from tests.experiments.test_hostile_configs import error_line
+
+    monkeypatch.chdir(ROOT)
+    spec = spec_file(tmp_path, "bad")
+    sweep_dir = tmp_path / "bad/lm/bad"
+    claim_sweep_dir(sweep_dir, "bad", str(spec))
+    (sweep_dir / "jobs.json").write_text(json.dumps({"pre": entry}))
+    before = (sweep_dir / "jobs.json").read_bytes()
+    monkeypatch.setattr(sweep.Children, "call", lambda *a, **k: pytest.fail("a run started"))
+    for args in (["--status"], []):
+        assert error_line(["sweep", str(spec), *args], capsys) == (
+            f"error: {sweep_dir / 'jobs.json'}: the entry of run 'pre' {says}; valid: the records the sweep writes "
+            "({job_id, cluster, folder, submitted} per run), or no jobs.json (the sweep then forgets its jobs)"
+        )
+    assert (sweep_dir / "jobs.json").read_bytes() == before and not (sweep_dir / "pre").exists()
