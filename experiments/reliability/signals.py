@@ -4,9 +4,9 @@ at a deadline when they cannot.
     SIGTERM (or a first Ctrl-C, through checkpointing's routing) during fit on W > 1 ranks
       -> the handler only notes it: no collective inside a signal handler (Lightning's own handler broadcasts
          there, which meets whatever collective another rank is in at that moment: the job hung)
-      -> at the end of every training step the ranks vote (one all-reduce of one number): when any rank noted a
-         signal, every rank raises Lightning's stop flag at that same step, so all of them stop after it, save
-         interrupted.ckpt together (checkpointing.InterruptCheckpoint) and exit 143 / 130
+      -> at the end of every training step (and validation batch) the ranks vote (one all-reduce of one number):
+         when any rank noted a signal, every rank raises Lightning's stop flag at that same point, so all of them
+         stop after it, save interrupted.ckpt together (checkpointing.InterruptCheckpoint) and exit 143 / 130
     one process, or validate / test / predict: the handler raises Lightning's flag at once, as Lightning does
     on W > 1 ranks, always: a watchdog thread, woken by the signal even while the main thread waits inside a
       collective, gives the run ``grace_s`` seconds to end; past them the rank prints one ``error:`` line, marks
@@ -158,11 +158,18 @@ class BoundedStop(Callback):
             trainer._signal_connector.received_sigterm = True
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if self._trainer is None or not self._voting(trainer):
+        self._vote(trainer)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._vote(trainer)  # a long validation inside fit stops after the same batch on every rank, too
+
+    def _vote(self, trainer: L.Trainer) -> None:
+        """Every rank raises Lightning's stop flag at this same batch when any rank noted a signal."""
+        if self._trainer is not trainer or not self._voting(trainer):
             return
         flag = torch.tensor([1.0 if self._pending is not None else 0.0], device=trainer.strategy.root_device)
-        if float(trainer.strategy.reduce(flag, reduce_op="max")) > 0:  # (sum over the ranks' 0 / 1 also works)
-            trainer._signal_connector.received_sigterm = True  # every rank, at this same step
+        if float(trainer.strategy.reduce(flag, reduce_op="max")) > 0:
+            trainer._signal_connector.received_sigterm = True
 
     # -- the watchdog's side (its own thread) ----------------------------------------------------------------
 

@@ -58,20 +58,40 @@ class RankRecord(L.Callback):
 
 
 class SignalWhileHeld(L.Callback):
-    """Rank ``rank`` stops at the end of step ``at_step`` while the other ranks go on into their next collective and
-    wait there; after ``hold_s`` it sends SIGTERM to every rank (pids from :class:`RankRecord`'s ``out``), as a
-    scheduler does, and writes ``<out>/signalled`` (the time). Then it holds ``stuck_s`` more seconds: a short
-    hold is a slow rank that comes back, a long one a rank stuck for good (a hung file system, a dead device)."""
+    """Rank ``rank`` stops at the end of step ``at_step`` (or of the first validation batch after it) while the
+    other ranks go on into their next collective and wait there; after ``hold_s`` it sends SIGTERM to every rank
+    (pids from :class:`RankRecord`'s ``out``) as a scheduler does (or to itself only), and writes
+    ``<out>/signalled`` (the time). Then it holds ``stuck_s`` more seconds: a short hold is a slow rank that comes
+    back, a long one a rank stuck for good (a hung file system, a dead device)."""
 
-    def __init__(self, out: str, rank: int = 1, at_step: int = 2, hold_s: float = 1.5, stuck_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        out: str,
+        rank: int = 1,
+        at_step: int = 2,
+        hold_s: float = 1.5,
+        stuck_s: float = 1.0,
+        in_validation: bool = False,
+        signal_all: bool = True,
+    ) -> None:
         self.out, self.rank, self.at_step, self.hold_s, self.stuck_s = Path(out), rank, at_step, hold_s, stuck_s
+        self.in_validation = in_validation  # held at the first validation batch after step at_step instead
+        self.signal_all = signal_all  # False: only this rank is signalled (a `kill` of one process)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if not self.in_validation:
+            self._hold(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, *args) -> None:
+        if self.in_validation and batch_idx == 0 and not trainer.sanity_checking:
+            self._hold(trainer)
+
+    def _hold(self, trainer) -> None:
         if trainer.global_rank != self.rank or trainer.global_step != self.at_step:
             return
         time.sleep(self.hold_s)  # the others reach their next collective meanwhile
         (self.out / "signalled").write_text(str(time.time()))
-        others = [r for r in range(trainer.world_size) if r != self.rank]
+        others = [r for r in range(trainer.world_size) if r != self.rank and self.signal_all]
         for rank in [*others, self.rank]:  # this rank last, a moment later: the waiting ranks' deadlines come first
             os.kill(int((self.out / f"pid{rank}").read_text()), signal.SIGTERM)
             time.sleep(0.5)

@@ -198,7 +198,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     r = {name: root / name for name in (
         "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
         "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp", "moe_fsdp", "moe_ep",
-        "dit_one", "denied", "nan", "split", "held", "stuck", "launch")}  # fmt: skip
+        "dit_one", "denied", "nan", "split", "held", "held_val", "stuck", "launch")}  # fmt: skip
     main(lm(r["one"], corpus, 8, STEPS))  # one process, batch 8, the default strategy
     main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
     one = [
@@ -209,6 +209,9 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     grads = [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp} for s in SCHEMES for dp, tp in MESHES]
     grads += [{"kind": "grads", "scheme": s, "dp": 2, "tp": 1, "experts": 4} for s in ("pre", "siamese")]
     grads += [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp, "kv_heads": 2} for s in GQA for dp, tp in MESHES]
+    # rank 1 held in the first of two validation batches at step PART, and only rank 1 signalled
+    HELD_VAL = ("--trainer.limit_val_batches=2", *held(r["held_val"], f"--trainer.callbacks.at_step={PART}",
+                "--trainer.callbacks.in_validation=true", "--trainer.callbacks.signal_all=false"))  # fmt: skip
     jobs = [
         *grads,
         fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
@@ -247,6 +250,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
         within(lm(r["nan"], corpus, 4, STEPS, "pre", *strategy(2, 1), POISON, *record(r["nan"]))),  # POISON first
         within(lm(r["split"], corpus, 16, STEPS, "siamese", *strategy(2, 1), *record(r["split"]), *SPLIT)),
         within(lm(r["held"], corpus, 4, STEPS, "pre", *strategy(2, 1), *held(r["held"])), expect=SIGTERM_EXIT),
+        within(lm(r["held_val"], corpus, 4, STEPS, "pre", *strategy(2, 1), *HELD_VAL), expect=SIGTERM_EXIT),
         # last: the stop deadline ends both processes
         within(lm(r["stuck"], corpus, 4, STEPS, "pre", *strategy(2, 1), *GRACE, *held(r["stuck"], STUCK))),
     ]
@@ -362,6 +366,15 @@ def test_sigterm_while_a_rank_waits_in_a_collective_saves_and_stops_both(ran: di
     signalled = float((ran["held"] / "ranks" / "signalled").read_text())
     assert all(r["ended"] - signalled < 60 for r in seen)
     assert summary(ran["held"])["status"] == "interrupted"
+
+
+def test_sigterm_to_one_rank_during_validation_stops_both_after_the_same_validation_batch(ran: dict):
+    """Only rank 1 is signalled, inside validation: the ranks vote at every validation batch too, so both stop after
+    the first one, at step PART (acting on rank 1's own flag left rank 0 waiting in the second one's collective)."""
+    seen = ranks(ran["held_val"])
+    assert [r["step"] for r in seen] == [PART, PART]
+    ckpt = next(ran["held_val"].rglob("interrupted.ckpt"))
+    assert load_checkpoint(ckpt)["global_step"] == PART
 
 
 def test_sigterm_with_a_rank_stuck_for_good_ends_both_processes_at_the_deadline(ran: dict):
