@@ -42,6 +42,8 @@ def _origin(where: str | None) -> str:
 
 def _bound(value: float) -> str:
     """A bound as a user types it: whole numbers in full (``4294967295``, not ``4.29497e+09``), others ``:g``."""
+    if isinstance(value, int):
+        return str(value)
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
 
 

@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--width-depth", default=2)
     scaling.add_argument("--depth-width", default=256)
     scaling.add_argument("--scaling-batch", default="8x128", help="sequences x tokens per step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", default=0, help="seed of every network's init and batch (0 to 2^63 - 1)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<task>-<size>, or scaling)")
     return p
 
@@ -119,6 +119,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         args.batch_size = number(args.batch_size, "--batch-size", kind=int, low=1, high=1 << 20, where=where)
     args.width_depth = number(args.width_depth, "--width-depth", kind=int, low=1, high=1024, where=where)
     args.depth_width = number(args.depth_width, "--depth-width", kind=int, low=1, high=1 << 16, where=where)
+    args.seed = number(args.seed, "--seed", kind=int, low=0, high=(1 << 63) - 1, where=where)  # torch.manual_seed's
 
 
 def check_paths(args: argparse.Namespace) -> None:

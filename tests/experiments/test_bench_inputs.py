@@ -36,7 +36,8 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
      (["--task", "lm", "--data-dir", "{file}", "--out", "{tmp}/out"], "--data-dir {file} is a file, not a directory"),
      (["--device", "nope"], "--device 'nope' is not a device torch knows (command line); valid: cpu"),
      (["--device", "cuda:7", "--out", "{tmp}/out"], "--device 'cuda:7': this machine has"),
-     (["--steps", "nan", "--out", "{tmp}/out"], "--steps='nan' is not a finite number (command line)")],
+     (["--steps", "nan", "--out", "{tmp}/out"], "--steps='nan' is not a finite number (command line)"),
+     (["--seed", "99999999999999999999"], "--seed='99999999999999999999' must be >= 0 and <= 9223372036854775807")],
 )  # fmt: skip
 def test_a_bad_output_device_or_number_is_refused_before_measuring(args, says, tmp_path, capsys, no_measuring):
     file = tmp_path / "report"
