@@ -182,8 +182,7 @@ def equicorrelated_max_t_cdf(c, m: int, df: float, rho: float = 0.5):
     return float(out[0]) if np.ndim(c) == 0 else out
 
 
-@lru_cache(maxsize=2048)
-def _nodes(df: float) -> tuple[np.ndarray, ...]:
+def _quadrature(df: float) -> tuple[np.ndarray, ...]:
     """Quadrature nodes and weights: the shared normal part (Gauss-Hermite) and the chi scale ``sqrt(chi2_df /
     df)`` at Gauss-Legendre nodes of its probability (so the weights are the Legendre ones)."""
     z, wz = hermegauss(QUADRATURE_POINTS)
@@ -191,6 +190,9 @@ def _nodes(df: float) -> tuple[np.ndarray, ...]:
     u, wu = (u + 1) / 2, wu / 2
     s = np.sqrt(scipy_stats.chi2.ppf(u, df) / df) if math.isfinite(df) else np.ones_like(u)
     return z, wz / math.sqrt(2 * math.pi), s, wu
+
+
+_nodes = lru_cache(maxsize=2048)(_quadrature)  # cached around the plain function, so mutation testing reaches it
 
 
 def dunnett_p_values(t_values: Sequence[float], corr: np.ndarray, df: float) -> list[float]:
@@ -209,14 +211,26 @@ def dunnett_p_values(t_values: Sequence[float], corr: np.ndarray, df: float) -> 
     return [float(np.clip(1.0 - p, 0.0, 1.0)) for p in inside]
 
 
-@lru_cache(maxsize=4096)
 def dunnett_critical(m: int, df: float, alpha: float, rho: float = 0.5) -> float:
     """The two-sided critical value of ``m`` equicorrelated contrasts: ``P(max |T_i| <= c) = 1 - alpha``."""
+    return _critical_cached(int(m), float(df), float(alpha), float(rho))
+
+
+def _critical(m: int, df: float, alpha: float, rho: float) -> float:
     if m == 1:
         return float(scipy_stats.t.ppf(1 - alpha / 2, df))
     low = float(scipy_stats.t.ppf(1 - alpha / 2, df))  # one contrast's critical value <= Dunnett's
     high = float(scipy_stats.t.ppf(1 - alpha / (2 * m), df)) * 1.01  # >= Bonferroni's, which bounds Dunnett's
     return float(brentq(lambda c: equicorrelated_max_t_cdf(c, m, df, rho) - (1 - alpha), low, high, xtol=1e-9))
+
+
+_critical_cached = lru_cache(maxsize=4096)(_critical)
+
+
+def clear_caches() -> None:
+    """Forget the cached quadrature nodes and critical values (tests start from nothing)."""
+    _nodes.cache_clear()
+    _critical_cached.cache_clear()
 
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from experiments.results import blockmodel, sequential
 from experiments.results.blockmodel import dunnett_critical, dunnett_p_values, fit_blocks, holm, spread_check
 from experiments.results.equivalence import POWER, detectable, higher_is_better, pooled_seeds_needed, tost
 from experiments.results.sequential import look_thresholds
@@ -214,7 +215,7 @@ def analyse(data: Mapping[str, Mapping], reference: str, metric: str, margin: fl
             simulations leave it out).
     """
     key = tuple((s, tuple(sorted(((k, float(v)) for k, v in d.items()), key=repr))) for s, d in data.items())
-    return _analyse(key, reference, metric, margin, alpha, thresholds or (alpha, alpha), sensitivity)
+    return _analyse_cached(key, reference, metric, margin, alpha, thresholds or (alpha, alpha), sensitivity)
 
 
 def analyse_at_look(data: Mapping[str, Mapping], reference: str, metric: str, margin: float | None, look: int,
@@ -226,7 +227,6 @@ def analyse_at_look(data: Mapping[str, Mapping], reference: str, metric: str, ma
     return analyse(data, reference, metric, margin, alpha, look_thresholds(look, fractions, alpha), sensitivity)
 
 
-@lru_cache(maxsize=256)
 def _analyse(key, reference, metric, margin, alpha, thresholds, sensitivity) -> SliceAnalysis:
     data = {s: dict(values) for s, values in key}
     empty = {s: Verdict("not comparable", 0, why="no finished run") for s, v in data.items() if not v}
@@ -247,3 +247,13 @@ def _analyse(key, reference, metric, margin, alpha, thresholds, sensitivity) -> 
         return SliceAnalysis({**_per_cell(*args), **empty}, HOLM, spread_p)
     fit = fit_blocks(data, reference)
     return SliceAnalysis({**_pooled(fit, *args), **empty}, DUNNETT, spread_p, fit.df, fit.sigma)
+
+
+_analyse_cached = lru_cache(maxsize=256)(_analyse)  # the tables ask for a slice's verdicts several times
+
+
+def clear_caches() -> None:
+    """Forget every cached analysis, critical value, quadrature and boundary (tests start from nothing)."""
+    _analyse_cached.cache_clear()
+    blockmodel.clear_caches()
+    sequential.clear_caches()

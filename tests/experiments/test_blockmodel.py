@@ -17,6 +17,14 @@ from experiments.results.blockmodel import (
     holm,
     spread_check,
 )
+from experiments.results.verdicts import clear_caches
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Every test computes its verdicts itself (a cached analysis would hide a change in the code)."""
+    clear_caches()
+
 
 # A slice with a missing seed (b lacks seeds 2 and 4) and seeds listed out of order (c): the OLS must use
 # the dummies, not positions, and the standard errors must differ between the complete and incomplete cells.

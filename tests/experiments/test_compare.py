@@ -17,6 +17,14 @@ from scipy import stats as scipy_stats
 from experiments.reliability.errors import SuiteError
 from experiments.results import compare, palette, plots, stats, tables
 from experiments.results.profiles import depth_profile
+from experiments.results.verdicts import clear_caches
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Every test computes its verdicts itself (a cached analysis would hide a change in the code)."""
+    clear_caches()
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

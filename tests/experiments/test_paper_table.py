@@ -15,6 +15,14 @@ from scipy import stats as scipy_stats
 
 from experiments.reliability.errors import SuiteError
 from experiments.results import paper, readme
+from experiments.results.verdicts import clear_caches
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Every test computes its verdicts itself (a cached analysis would hide a change in the code)."""
+    clear_caches()
+
 
 BENCH_FIELDS = [
     "task",

@@ -11,6 +11,14 @@ from scipy import stats as scipy_stats
 from experiments.results.compute import compute_multiplier, largest_stable_lr, lr_sensitivity, multiplier_interval
 from experiments.results.sequential import boundaries, look_thresholds, nominal_levels, spent
 from experiments.results.simulate import family_error, sequential_error
+from experiments.results.verdicts import clear_caches
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Every test computes its verdicts itself (a cached analysis would hide a change in the code)."""
+    clear_caches()
+
 
 FRACTIONS = [1 / 3, 2 / 3, 1.0]
 
@@ -77,8 +85,11 @@ def test_compute_multiplier_interpolates_in_log_steps():
     assert compute_multiplier(multiples, losses, 1.87) is None  # beyond the 2x checkpoint
     # behind the baseline: below 1x along the first segment, 2.05 is one segment "above": exp(-ln 1.25)
     assert compute_multiplier(multiples, losses, 2.05) == pytest.approx(1 / 1.25, rel=1e-12)
-    with pytest.raises(ValueError):
-        compute_multiplier([1.0, 1.0], [2.0, 1.9], 1.95)
+    assert compute_multiplier([1.0, 2.0], [2.0, 1.9], 1.95) == pytest.approx(math.sqrt(2), rel=1e-12)  # two suffice
+    assert compute_multiplier([1.0, 1.5, 2.0], [2.0, 1.9, 1.9], 1.9) == pytest.approx(1.5)  # the first to reach it
+    for bad in (([1.0, 1.0], [2.0, 1.9]), ([1.0], [2.0]), ([1.0, 2.0], [2.0]), ([0.0, 1.0], [2.0, 1.9])):
+        with pytest.raises(ValueError):
+            compute_multiplier(*bad, 1.95)
 
 
 def test_multiplier_interval_is_the_t_interval_of_the_logs():

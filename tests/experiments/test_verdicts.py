@@ -17,7 +17,13 @@ from experiments.results.equivalence import (
     tost,
 )
 from experiments.results.stats import detectable_effect, seeds_needed
-from experiments.results.verdicts import DUNNETT, HOLM, analyse
+from experiments.results.verdicts import DUNNETT, HOLM, analyse, clear_caches
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Every test computes its verdicts itself (a cached analysis would hide a change in the code)."""
+    clear_caches()
 
 
 def test_tost_equals_statsmodels_ttost_paired_and_ttost_ind():
