@@ -1,10 +1,11 @@
-"""``python -m tests.experiments.submit_race ARRIVED_DIR SWEEP_ARGS...``: the real ``sweep`` command, with the
-race of two submitit sweeps on one spec made certain instead of likely.
+"""The race of two submitit sweeps on one spec made certain instead of likely: each sweep writes
+``ARRIVED_DIR/<pid>`` when it starts deciding what to submit (``Submission.submit``) and submits nothing until the
+other has arrived there too. Without claims both have read ``jobs.json`` before either writes it, every time; with
+claims the second finds the runs held (or recorded) and submits nothing, so the first one's wait ends when the
+second arrives. Test-only: the sweep is otherwise unchanged.
 
-Each process writes ``ARRIVED_DIR/<pid>`` when it starts deciding what to submit (``Submission.submit``), and
-submits nothing until the other process has arrived there too: without claims both have read ``jobs.json``
-before either writes it, every time. With claims the second one finds the runs held (or recorded) and submits
-nothing, so the first one's wait ends when the second arrives. Test-only: the sweep is otherwise unchanged.
+    python -m tests.experiments.submit_race ARRIVED_DIR sweep SPEC     # one sweep, as its own process
+    monkeypatch.setattr(Submission, name, f) for name, f in racing(ARRIVED_DIR).items()   # the other, in a test
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from pathlib import Path
 
 from experiments.sweeps import cluster, sweep
 
-SWEEPS = 2  # processes in the race
+SWEEPS = 2  # sweeps in the race
 TIMEOUT_S = 300.0
 
 
-def main() -> int | None:
-    arrived = Path(sys.argv[1])
+def racing(arrived: Path) -> dict:
+    """``Submission.submit`` and ``Submission._submit`` replacements that hold the submission until every sweep
+    of the race has started deciding."""
     submit, enqueue = cluster.Submission.submit, cluster.Submission._submit
 
     def submit_arriving(self, runs, restart):
@@ -35,8 +37,12 @@ def main() -> int | None:
             time.sleep(0.05)
         return enqueue(self, runs)
 
-    cluster.Submission.submit = submit_arriving
-    cluster.Submission._submit = enqueue_when_all_arrived
+    return {"submit": submit_arriving, "_submit": enqueue_when_all_arrived}
+
+
+def main() -> int | None:
+    for name, function in racing(Path(sys.argv[1])).items():
+        setattr(cluster.Submission, name, function)
     return sweep.main(sys.argv[2:])
 
 

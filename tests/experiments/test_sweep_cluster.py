@@ -158,10 +158,15 @@ def test_the_slurm_job_script_carries_the_requeue_signal_and_the_devices(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.xdist_group(PROCESSES)
-def test_two_submitit_sweeps_on_one_spec_submit_each_run_once(tmp_path: Path, corpus):
-    """Two `sweep SPEC` commands with `launcher: {kind: submitit, cluster: local}` decide what to submit at the same
-    moment (tests/experiments/submit_race.py makes both read before either records): each run gets one job, one
-    fit, one line in jobs.json; the other sweep leaves it alone, waits for it, and both end 0."""
+def test_two_submitit_sweeps_on_one_spec_submit_each_run_once(tmp_path: Path, corpus, monkeypatch, capsys):
+    """Two `sweep SPEC` commands with `launcher: {kind: submitit, cluster: local}` (one its own process, one in this
+    one) decide what to submit at the same moment (tests/experiments/submit_race.py makes both read before either
+    records): each run gets one job, one fit, one line in jobs.json; the other sweep leaves it alone, waits for
+    it, and both end 0."""
+    from experiments.__main__ import main as suite_main
+    from experiments.sweeps.cluster import Submission
+    from tests.experiments.submit_race import racing
+
     text, shards = corpus
     fits, arrived = tmp_path / "fits.txt", tmp_path / "arrived"
     path = tmp_path / "race.yaml"
@@ -174,19 +179,20 @@ def test_two_submitit_sweeps_on_one_spec_submit_each_run_once(tmp_path: Path, co
                  "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
                  "--trainer.callbacks+=tests.experiments.racing.RecordFit", f"--trainer.callbacks.record={fits}"],
     }))  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "tests.experiments.submit_race", str(arrived), "sweep", str(path)]
-    procs = [
-        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for _ in range(2)
-    ]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+        for name, function in racing(arrived).items():
+            monkeypatch.setattr(Submission, name, function)
+        suite_main(["sweep", str(path)])  # returns: exit status 0
+        outputs = [capsys.readouterr().out, proc.communicate(timeout=600)[0]]
     finally:
-        for proc in procs:
-            proc.kill()
+        proc.kill()
     both = "\n".join(outputs)
-    assert [proc.returncode for proc in procs] == [0, 0], both
+    assert proc.returncode == 0, both
     assert len(list(arrived.iterdir())) == 2, both  # both sweeps really were deciding at once
     sweep_dir = tmp_path / "runs/lm/race"
     started = sorted(Path(line.split()[1]).name for line in fits.read_text().splitlines())
