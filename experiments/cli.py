@@ -380,13 +380,11 @@ class SuiteCLI(LightningCLI):
             return
         where = checkpoint_dir(self.trainer)
         early = getattr(self, "_resolved_ckpt", None)  # fit: resolved before anything was written
-        if early is not None and early[:2] == (str(ckpt_path), where):
-            resolved = early[2]
-        else:
-            resolved = resolve_checkpoint(str(ckpt_path), where, stage=self.subcommand)
+        checked = early is not None and early[:2] == (str(ckpt_path), where)  # (and checked against the model)
+        resolved = early[2] if checked else resolve_checkpoint(str(ckpt_path), where, stage=self.subcommand)
         config["ckpt_path"] = resolved
         config["weights_only"] = True
-        if resolved is not None and Path(resolved).is_file():
+        if resolved is not None and Path(resolved).is_file() and not checked:
             check_checkpoint_fits(self.model, resolved)
 
     def _check_outputs(self) -> None:
