@@ -334,9 +334,10 @@ class SuiteCLI(LightningCLI):
         model = self.model
         net = getattr(model, "net", None)
         seq_len = getattr(model, "sequence_length", None)
+        experts_split = bool(getattr(getattr(model, "parallel_cfg", None), "expert_parallel", False))
         check_parallel_layout(
             config.get("trainer"), getattr(net, "trunk", None), seq_len if isinstance(seq_len, int) else None,
-            lambda key: origin_of(key, self._argv),
+            lambda key: origin_of(key, self._argv), experts_split,
         )  # fmt: skip
         ckpt = config.get("ckpt_path")
         if ckpt is not None:

@@ -80,7 +80,9 @@ def _get(section: Any, key: str, default: Any = None) -> Any:
     return getattr(section, key, default)
 
 
-def check_parallel_layout(trainer: Any, trunk: Any, seq_len: int | None, origin: Callable[[str], str]) -> None:
+def check_parallel_layout(
+    trainer: Any, trunk: Any, seq_len: int | None, origin: Callable[[str], str], expert_parallel: bool = False
+) -> None:
     """Refuses a parallel layout that cannot run, before any process is launched or any file written.
 
     Args:
@@ -89,12 +91,15 @@ def check_parallel_layout(trainer: Any, trunk: Any, seq_len: int | None, origin:
         trunk: the task's trunk module (tensor parallelism checks its head counts), or None (the VAE).
         seq_len: the tokens per sample the trunk sees, when the task knows it (tensor parallelism splits it).
         origin: where a dotted key was set ("command line", a config file, "default").
+        expert_parallel: ``model.init_args.parallel.expert_parallel``: the MoE experts are split over the
+            data-parallel ranks, which must divide their number.
 
     Raises:
         SuiteError: one line naming the option, its value, where it came from and what is valid: a size that is
             not "auto" or 1 to :data:`MAX_PARALLEL`, ``data_parallel_size x tensor_parallel_size`` other than the
             world size (``devices x num_nodes``), a tensor-parallel size the trunk's heads (query and key/value),
-            hidden width or sequence length do not divide, tensor parallelism of a trunk it cannot split.
+            hidden width or sequence length do not divide, tensor parallelism of a trunk it cannot split, expert
+            parallelism over a data-parallel size that does not divide the experts.
     """
     devices, nodes = (_whole(_get(trainer, key, default)) for key, default in (("devices", "auto"), ("num_nodes", 1)))
     for key, value in (("devices", devices), ("num_nodes", nodes)):
@@ -133,6 +138,14 @@ def check_parallel_layout(trainer: Any, trunk: Any, seq_len: int | None, origin:
             f"trainer.strategy.init_args.data_parallel_size={given['data_parallel_size']} x tensor_parallel_size="
             f"{given['tensor_parallel_size']} ({', '.join(where) or 'default'}) is not the world size {world} "
             f"(trainer.devices={devices} x trainer.num_nodes={nodes}); valid: sizes whose product is {world}"
+        )
+    experts = getattr(getattr(trunk, "cfg", None), "moe_experts", 0) or 0
+    if expert_parallel and dp is not None and dp > 1 and experts % dp:
+        key = "trainer.strategy.init_args.data_parallel_size"
+        raise SuiteError(
+            f"{key}={dp} ({origin(key)}) does not divide the trunk's moe_experts {experts}, which expert parallelism "
+            f"(model.init_args.parallel.expert_parallel) splits over the data-parallel ranks; valid: a "
+            f"data_parallel_size that divides {experts}, or expert_parallel: false"
         )
     if tp is not None and tp > 1 and trunk is not None:
         key = "trainer.strategy.init_args.tensor_parallel_size"

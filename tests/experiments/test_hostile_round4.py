@@ -207,6 +207,10 @@ SIZES = "--trainer.strategy.init_args."
           "--model.init_args.trunk.num_heads=4", "--model.init_args.trunk.num_kv_heads=1"],
          "trainer.strategy.init_args.tensor_parallel_size=2 (command line): "
          "trunk num_kv_heads 1 is not divisible by tensor_parallel_size 2"),
+        (["--trainer.devices=3", f"{SIZES}data_parallel_size=3", f"{SIZES}tensor_parallel_size=1",
+          "--model.init_args.trunk.moe_experts=4", "--model.init_args.trunk.moe_top_k=2",
+          "--model.init_args.parallel.expert_parallel=true"],
+         "trainer.strategy.init_args.data_parallel_size=3 (command line) does not divide the trunk's moe_experts 4"),
     ],
 )  # fmt: skip
 def test_parallel_options_are_refused_before_any_launch_or_write(options, expected, tmp_path, corpus, capsys):
