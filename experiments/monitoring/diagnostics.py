@@ -52,6 +52,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from experiments.parallel.clip import grad_norm
 from models.layers import Routing, expert_usage
 from models.norms import POINTWISE, Derf
 from models.schemes import DepthSources, State
@@ -115,15 +116,14 @@ def find_trunk(pl_module: nn.Module) -> Trunk | None:
 
 
 def grad_norms(trunk: Trunk, params: list[nn.Parameter]) -> dict[str, Tensor]:
-    """L2 norms of the current gradients: per block and over ``params`` (the optimizer's)."""
+    """L2 norms of the current gradients: per block and over ``params`` (the optimizer's); whole on every rank,
+    sharded gradients on several meshes included (tensor parallelism: :func:`experiments.parallel.clip.grad_norm`)."""
     out = {}
     for b, block in enumerate(trunk.blocks):
-        grads = [p.grad for p in block.parameters() if p.grad is not None]
-        if grads:
-            out[f"diag/grad_norm/block_{b}"] = torch.nn.utils.get_total_norm(grads)
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        out["diag/grad_norm/global"] = torch.nn.utils.get_total_norm(grads)
+        if any(p.grad is not None for p in block.parameters()):
+            out[f"diag/grad_norm/block_{b}"] = grad_norm(block.parameters())
+    if any(p.grad is not None for p in params):
+        out["diag/grad_norm/global"] = grad_norm(params)
     return out
 
 

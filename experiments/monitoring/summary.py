@@ -29,6 +29,7 @@ from experiments.monitoring.records import (  # noqa: F401 - re-exported: where 
     SUMMARY_FILE,
     mark_run_dir,
 )
+from experiments.monitoring.throughput import Throughput
 from experiments.reliability.layout import trainer_run_dir
 from fileio import atomic_write_json
 
@@ -78,9 +79,7 @@ class RunSummary(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
         if step % self.log_every_n_steps == 0 and "train/loss" in trainer.callback_metrics:
-            loss = trainer.callback_metrics["train/loss"].detach().float()
-            if trainer.world_size > 1:  # each rank logged its own shard's loss: the curve holds their mean
-                loss = trainer.strategy.reduce(loss, reduce_op="mean")
+            loss = trainer.callback_metrics["train/loss"].detach().float()  # the mean over ranks (sync_dist)
             self.train_curve.append((step, float(loss)))
         if trainer.global_rank == 0 and self.progress.due():
             loss = trainer.callback_metrics.get("train/loss")
@@ -169,6 +168,8 @@ class RunSummary(Callback):
         final_val = self.val_curve[-1][1] if self.val_curve else {}
         # How an MoE routes (experts, top-k, capacity and what it drops), when the task has one
         routing = getattr(pl_module, "routing_record", None)
+        speed = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+        perf = speed.record(pl_module, trainer.world_size) if speed is not None and speed.last else None
         atomic_write_json(
             path,
             {
@@ -188,6 +189,7 @@ class RunSummary(Callback):
                 "train_curve": self.train_curve,
                 "val_curve": self.val_curve,
                 **({"moe": routing} if isinstance(routing, dict) else {}),
+                **({"perf": perf} if perf else {}),
             },
         )
 

@@ -72,3 +72,19 @@ def test_a_tiny_run_logs_its_tokens_per_second_and_peak_memory(moe, tmp_path, co
         assert tokens == pytest.approx(samples * 32, rel=1e-6)  # 32-token windows
     assert all(0.05 < v < 100 for v in logged["perf/peak_mem_gb"])  # this process's peak resident set
     assert "perf/mfu" not in logged  # a CPU has no peak in the table: "n/a", never a made-up number
+
+
+@pytest.mark.slow
+def test_summary_json_records_the_runs_speed_with_its_convention(tmp_path, corpus):
+    import json
+
+    text, shards = corpus
+    main(["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), f"--runs_root={tmp_path}",
+          f"--data.init_args.source={text}", f"--data.init_args.data_dir={shards}", *tiny_lm(batch_size=4),
+          "--trainer.max_steps=3", "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=1",
+          "--trainer.num_sanity_val_steps=0"])  # fmt: skip
+    (summary,) = tmp_path.rglob("summary.json")
+    perf = json.loads(summary.read_text())["perf"]
+    assert perf["tokens_per_sample"] == 32 and perf["tokens_per_s"] == pytest.approx(perf["samples_per_s"] * 32)
+    assert perf["mfu"] == "n/a" and perf["peak_flops_per_device"] == "n/a" and perf["device"] == "cpu"
+    assert perf["flop_convention"].startswith("6N + 12LdT") and perf["flop_parameters"] > 0
