@@ -464,6 +464,11 @@ def test_save_real_stats_replaces_a_file_only_with_overwrite(world, monkeypatch,
     args += ["--save-real-stats", str(stats)]
     assert "exists; valid: another path, or --overwrite" in error_line(args, capsys)
     assert stats.read_bytes() == b"mine"
+    # --overwrite replaces only statistics an earlier --save-real-stats wrote: not the user's own file
+    assert "--overwrite replaces only such a file" in error_line([*args, "--overwrite"], capsys)
+    assert stats.read_bytes() == b"mine"
+    stats.unlink()
+    main(args)
     main([*args, "--overwrite"])
     assert np.load(stats, allow_pickle=False)["features"].shape == (4, 64)
 

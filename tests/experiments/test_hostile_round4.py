@@ -474,3 +474,22 @@ def test_a_fit_refused_after_it_claimed_its_run_directory_removes_it(tmp_path, c
     assert not (runs / "lm" / "tiny" / "pre").exists()
     main(fit_args(runs, corpus, "--trainer.max_steps=1"))  # the corrected command runs
     assert (runs / "lm" / "tiny" / "pre" / "config.yaml").is_file()
+
+
+def test_fid_save_real_stats_overwrite_replaces_only_statistics(tmp_path, capsys):
+    from tests.experiments.test_fid import smooth_images, write_npz
+
+    images = write_npz(tmp_path / "x.npz", smooth_images(4, 16, seed=0))
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"global_step": 6}, ckpt)
+    before = digest(tmp_path)
+    argv = ["fid", str(images), str(images), "--no-progress", "--device", "cpu", "--feature", "64"]
+    line = error_line([*argv, "--save-real-stats", str(ckpt), "--overwrite"], capsys)
+    assert line.startswith(f"error: --save-real-stats {ckpt} --overwrite: it holds "), line
+    assert line.endswith(
+        "not statistics --save-real-stats wrote (mu, sigma, backend); --overwrite replaces only such a file; valid: "
+        "another path for the statistics"
+    ), line
+    line = error_line([*argv, "--save-real-stats", str(images), "--overwrite"], capsys)  # the input images
+    assert f"--save-real-stats {images} --overwrite: it holds " in line, line
+    assert digest(tmp_path) == before

@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from experiments.evaluation.fid.images import ImageSet
@@ -92,6 +94,34 @@ def check_args(args: argparse.Namespace) -> None:
     check_device(args.device)
     if args.save_real_stats is not None:
         new_file(args.save_real_stats, "--save-real-stats", overwrite=args.overwrite)
+        if args.overwrite:
+            check_replaceable(Path(args.save_real_stats))
+
+
+STATS_KEYS = ("mu", "sigma", "backend")  # what every file --save-real-stats writes holds
+
+
+def check_replaceable(path: Path) -> None:
+    """``--save-real-stats PATH --overwrite`` replaces only a statistics file (what an earlier ``--save-real-stats``
+    wrote: an ``.npz`` holding mu, sigma and backend), never another file that happens to be at PATH.
+
+    Raises:
+        ValueError: one line naming PATH and what it holds instead.
+    """
+    if not path.is_file():
+        return
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            keys = sorted(archive.files)
+    except Exception as err:  # noqa: BLE001 - not an npz at all (a checkpoint, a text file): whatever numpy says
+        keys, found = [], f"it is not an .npz file ({type(err).__name__})"
+    else:
+        found = f"it holds {', '.join(keys[:6]) or 'no arrays'}"
+    if not all(key in keys for key in STATS_KEYS):
+        raise ValueError(
+            f"--save-real-stats {path} --overwrite: {found}, not statistics --save-real-stats wrote (mu, sigma, "
+            "backend); --overwrite replaces only such a file; valid: another path for the statistics"
+        )
 
 
 def fid_between(args: argparse.Namespace) -> list[str]:
