@@ -61,8 +61,11 @@ def test_three_equal_looks_and_the_one_sided_boundaries():
     for bad in ([0.5, 0.5, 1.0], [0.0, 1.0], [0.5, 1.2]):
         with pytest.raises(ValueError):
             boundaries(bad, 0.05)
-    with pytest.raises(ValueError):
-        look_thresholds(4, FRACTIONS, 0.05)
+    assert look_thresholds(3, FRACTIONS, 0.05) == pytest.approx((0.04388, 0.04162), abs=2e-5)
+    assert look_thresholds(1, FRACTIONS, 0.05) == pytest.approx((0.000687, 0.002193), abs=2e-6)
+    for look in (0, 4):
+        with pytest.raises(ValueError):
+            look_thresholds(look, FRACTIONS, 0.05)
 
 
 def test_wortsman_lr_sensitivity_and_the_largest_stable_rate():

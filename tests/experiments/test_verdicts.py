@@ -117,7 +117,21 @@ def test_unequal_spreads_fall_back_to_each_cells_paired_test_with_holm():
            for s in ("a", "b", "c")]  # fmt: skip
     assert [a.verdicts[s].p for s in ("a", "b", "c")] == pytest.approx(holm(raw), rel=1e-9)
     assert a.verdicts["a"].word == "better" and a.verdicts["a"].analysis == HOLM
-    assert "spreads differ" in a.describe()
+    assert "spreads differ" in a.describe() and "over 3 cells" in a.describe()
+    # TOST per cell on its own paired differences (formula of statsmodels' ttost_paired), Holm over the cells
+    tosts = []
+    for s in ("a", "b", "c"):
+        d = np.array([data[s][k] - data["pre"][k] for k in seeds])
+        se = d.std(ddof=1) / math.sqrt(len(d))
+        tosts.append(max(scipy_stats.t.sf((d.mean() + 0.02) / se, 7), scipy_stats.t.cdf((d.mean() - 0.02) / se, 7)))
+    assert [a.verdicts[s].p_equivalence for s in ("a", "b", "c")] == pytest.approx(holm(tosts), rel=1e-9)
+    assert a.verdicts["b"].word == "equivalent" and a.verdicts["b"].text().startswith("equivalent within ±0.02 (")
+    c = a.verdicts["c"]  # undecided: the paired t-test's own numbers at Holm's first level, alpha / 3
+    d = np.array([data["c"][k] - data["pre"][k] for k in seeds])
+    assert c.word == "undecided" and c.needed == seeds_needed(d.mean(), d.std(ddof=1), 0.05 / 3)
+    assert c.detectable == pytest.approx(detectable_effect(8, 0.05 / 3) * d.std(ddof=1), rel=1e-9)
+    data["lone"] = {99: 2.0}  # no seed shared with pre
+    assert analyse(data, "pre", "val/loss", 0.02).verdicts["lone"].word == "not comparable"
 
 
 def test_a_slice_without_its_reference_or_spread():
