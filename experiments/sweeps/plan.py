@@ -20,6 +20,7 @@ from pathlib import Path
 from experiments.parallel.memory import size
 from experiments.sweeps.cluster import SUBMITIT_DIR, sbatch_script
 from experiments.sweeps.estimate import Estimate, estimate, gpu_memory_of, memory_estimate, run_extra_args
+from experiments.sweeps.protocol import fresh_runs, group_of, picked_rates, read_tuning, tuning_runs
 from experiments.sweeps.spec import Run, SweepSpec, grid, sweep_dir_of
 
 
@@ -95,13 +96,29 @@ def _memory(spec: SweepSpec, run: Run, capacity: int, failures: dict[str, list[s
         return "error", f"error: {_failed(spec, run, exc, failures)}"
 
 
+def planned_runs(spec: SweepSpec) -> tuple[list[Run], str | None]:
+    """The runs the sweep would launch, and a line on what follows that cannot be listed yet: a protocol's
+    tuning runs (and its fresh runs once the rates are picked), or the whole grid."""
+    if not spec.protocol:
+        return grid(spec), None
+    tuning, record = tuning_runs(spec), read_tuning(spec, sweep_dir_of(spec))
+    if record is not None:
+        return tuning + fresh_runs(spec, picked_rates(record)), None
+    groups = len({group_of(r, spec) for r in tuning})
+    fresh = groups * len(spec.protocol["fresh_seeds"])
+    return tuning, (
+        f"then: {fresh} fresh runs ({groups} schemes x {len(spec.protocol['fresh_seeds'])} fresh seeds), each at its "
+        f"scheme's rate picked from the {len(tuning)} tuning runs above ({len(tuning) // max(groups, 1)} per scheme)"
+    )
+
+
 def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True) -> tuple[str, list[str]]:
     """The report ``--dry-run`` prints for every part of a sweep file (``memory``: with the peak/GPU column), and
     one line per cause of a failed estimate, naming its runs (empty when every run was estimated)."""
     out: list[str] = []
     failures: dict[str, list[str]] = {}
     for spec in specs:
-        runs = grid(spec)
+        runs, later = planned_runs(spec)
         ests = [_estimate(spec, run, failures) for run in runs]
         capacity, found = gpu_memory_of(spec.compute["gpu"])
         mems = [_memory(spec, run, capacity, failures) if memory else ("", "") for run in runs]
@@ -137,6 +154,8 @@ def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True)
         hours = sum(e.gpu_hours for e in known)
         c = spec.compute
         tested = " incl. FID sampling" if any(e.test_flops for e in ests) else ""
+        if later:
+            out.append(f"  {later}")
         out.append(
             f"  grid: {len(runs)} runs, {flops:.3g} FLOPs{tested}, {_fmt_hours(hours)} GPU-hours at {c['mfu']:.0%} MFU "
             f"of {c['peak_tflops']:g} TFLOP/s per GPU ({c['gpu']})"

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from experiments.reliability.errors import SuiteError
+from experiments.sweeps.options import parse_last_evals, parse_protocol, parse_stages
 from fileio.checks import InputError, number
 from models.schemes import NormScheme
 
@@ -140,6 +141,12 @@ class SweepSpec:
             (``train_images``, ``num_classes``, ``latent_size``, ``latent_channels``).
         compute: the accelerator the estimate assumes (``gpu``, ``peak_tflops``, ``mfu``).
         progress_every_s: seconds between progress lines while runs train.
+        protocol: ``kind: tune_then_compare`` with ``lrs``, ``tuning_seeds``, ``fresh_seeds``: every scheme at its
+            own best learning rate (:mod:`experiments.sweeps.protocol`); None: the plain grid.
+        stages: seeds per cell at each look (the last is ``len(seeds)``): undecided cells get more seeds
+            (:mod:`experiments.sweeps.stages`); []: every seed at once.
+        last_evals: the metric is the mean of each run's last ``last_evals`` validations
+            (:mod:`experiments.sweeps.measure`); 1: the final one.
         source: the file the spec was read from.
     """
 
@@ -162,6 +169,9 @@ class SweepSpec:
     dataset: dict = field(default_factory=dict)
     compute: dict = field(default_factory=lambda: dict(COMPUTE_DEFAULTS))
     progress_every_s: float = 30.0
+    protocol: dict | None = None
+    stages: list[int] = field(default_factory=list)
+    last_evals: int = 1
     source: str = ""
 
     @classmethod
@@ -223,6 +233,9 @@ def _build(raw: dict, where: str, overrides: dict[str, dict]) -> SweepSpec:
     for key in ("name", "configs", "schemes"):
         if key not in raw:
             raise SpecError(f"{key} is missing ({where})")
+    protocol = parse_protocol(raw.get("protocol"), raw, where)
+    if protocol is not None:  # the grid's rates and seeds are the protocol's; which of them run, it decides
+        raw = {**raw, "lrs": protocol["lrs"], "seeds": [*protocol["tuning_seeds"], *protocol["fresh_seeds"]]}
     kwargs: dict[str, Any] = {
         "name": check_name(raw["name"], "name", where),
         "configs": _strings(raw, "configs", where),
@@ -248,6 +261,11 @@ def _build(raw: dict, where: str, overrides: dict[str, dict]) -> SweepSpec:
         kwargs["progress_every_s"] = _number(raw["progress_every_s"], "progress_every_s", where, float)
         if kwargs["progress_every_s"] <= 0:
             raise SpecError(f"progress_every_s={raw['progress_every_s']!r} must be > 0 ({where})")
+    kwargs["protocol"] = protocol
+    kwargs["stages"] = parse_stages(raw.get("stages"), kwargs["seeds"], raw.get("baseline"), where)
+    if kwargs["stages"] and protocol is not None:
+        raise SpecError(f"stages beside protocol ({where}); valid: one of the two in a sweep")
+    kwargs["last_evals"] = parse_last_evals(raw.get("last_evals"), where)
     given = overrides.get("budget", {})
     kwargs["budget"] = _budget({**_mapping(raw, "budget", where), **given}, where, given)
     launcher, given = _mapping(raw, "launcher", where), overrides.get("launcher", {})

@@ -53,6 +53,16 @@ from experiments.sweeps.launchers import (  # noqa: F401 - the names the sweep h
 )
 from experiments.sweeps.ownership import SWEEP_MARKER, claim_sweep_dir
 from experiments.sweeps.plan import dry_run
+from experiments.sweeps.protocol import (
+    TUNING_TABLE,
+    fresh_record,
+    fresh_runs,
+    pick,
+    picked_rates,
+    read_tuning,
+    tuning_markdown,
+    tuning_runs,
+)
 from experiments.sweeps.spec import (  # noqa: F401
     NORM_OVERLAYS,
     Run,
@@ -107,12 +117,23 @@ def load(args: argparse.Namespace) -> list[SweepSpec]:
     return specs
 
 
-def write_record(spec: SweepSpec, runs: list[Run], sweep_dir: Path, sweep_file: str) -> None:
-    """``sweep.yaml``: the spec as run and the run order (with each run's grid coordinates) the comparison keeps."""
+def write_record(
+    spec: SweepSpec,
+    runs: list[Run],
+    sweep_dir: Path,
+    sweep_file: str,
+    compared: list[Run] | None = None,
+    grid_entries: list[dict] | None = None,
+) -> None:
+    """``sweep.yaml``: the spec as run and the run order (with each run's grid coordinates) the comparison keeps.
+
+    ``compared``: the runs the comparison reads (default ``runs``; a protocol's fresh runs only);
+    ``grid_entries``: the coordinates to record (default each run's own).
+    """
     record = {
         **asdict(spec),
-        "runs": [r.name(spec) for r in runs],
-        "grid": [r.record(spec) for r in runs],
+        "runs": [r.name(spec) for r in (runs if compared is None else compared)],
+        "grid": grid_entries if grid_entries is not None else [r.record(spec) for r in runs],
         "sweep_file": sweep_file,
     }
     atomic_write_text(sweep_dir / SWEEP_RECORD, yaml.safe_dump(record, sort_keys=False))
@@ -144,8 +165,11 @@ def _tensorboard() -> str:
     return os.path.relpath(beside) if beside.resolve().is_relative_to(Path.cwd().resolve()) else str(beside)
 
 
-def _submitit(spec: SweepSpec, runs: list[Run], sweep_dir: Path, args: argparse.Namespace) -> list[str]:
-    """Submits the spec's jobs; with ``--wait`` (always for the local executor) watches and compares them."""
+def _submitit(
+    spec: SweepSpec, runs: list[Run], sweep_dir: Path, args: argparse.Namespace, compare_after: bool = True
+) -> list[str]:
+    """Submits the spec's jobs; with ``--wait`` (always for the local executor) watches and compares them
+    (``compare_after`` false: watches only, for a protocol's tuning phase)."""
     submission = Submission(spec, sweep_dir)
     submission.submit(runs, args.restart)
     if not (args.wait or spec.launcher["cluster"] == "local"):
@@ -177,8 +201,69 @@ def _submitit(spec: SweepSpec, runs: list[Run], sweep_dir: Path, args: argparse.
         raise SystemExit(SIGNAL_EXIT[signum]) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    compare(spec, runs, sweep_dir)
+    if compare_after:
+        compare(spec, runs, sweep_dir)
     return [s.name for s in run_states(spec, runs, sweep_dir) if s.state == "failed"]
+
+
+def _known_runs(spec: SweepSpec, sweep_dir: Path) -> tuple[list[Run], list[Run]]:
+    """(every run the sweep has planned so far, the runs its comparison reads): the grid, or a protocol's tuning
+    runs and, once its rates are picked, the fresh runs."""
+    if not spec.protocol:
+        return grid(spec), grid(spec)
+    record = read_tuning(spec, sweep_dir)
+    fresh = fresh_runs(spec, picked_rates(record)) if record else []
+    return tuning_runs(spec) + fresh, fresh
+
+
+def _record_protocol(spec: SweepSpec, sweep_dir: Path, sweep_file: str) -> list[Run]:
+    """Writes ``sweep.yaml`` for a protocol's runs so far; returns the fresh runs (none before the picks)."""
+    tuning, fresh = _known_runs(spec, sweep_dir)
+    tuning = tuning[: len(tuning) - len(fresh)]
+    entries = [r.record(spec) for r in tuning] + fresh_record(spec, fresh)
+    write_record(spec, tuning + fresh, sweep_dir, sweep_file, compared=fresh, grid_entries=entries)
+    return fresh
+
+
+def _print_tuning(spec: SweepSpec, sweep_dir: Path) -> None:
+    if spec.protocol and (record := read_tuning(spec, sweep_dir)) is not None:
+        print(tuning_markdown(record), flush=True)
+        print(f"{'tuning':>14}: {sweep_dir / TUNING_TABLE}", flush=True)
+
+
+def _tune_then_compare(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespace) -> list[str]:
+    """Tuning runs, the picks (once), the fresh runs at them, the comparison of the fresh runs: as far as the runs
+    allow now (a submitit sweep submits a phase and returns; the same command continues). Returns crashed runs."""
+    fresh = _record_protocol(spec, sweep_dir, args.sweep_file)
+    crashed: list[str] = []
+    if not fresh:
+        tuning = tuning_runs(spec)
+        print(
+            f"sweep {spec.name}: tuning, {len(tuning)} runs ({len(spec.lrs)} rates x "
+            f"{len(spec.protocol['tuning_seeds'])} tuning seed(s) per scheme), then each scheme at its best rate on "
+            f"{len(spec.protocol['fresh_seeds'])} fresh seeds, into {sweep_dir}",
+            flush=True,
+        )
+        if spec.submitit:
+            crashed += _submitit(spec, tuning, sweep_dir, args, compare_after=False)
+        else:
+            statuses = run_locally(spec, tuning, sweep_dir, args.restart)
+            crashed += [name for name, status in statuses.items() if status == "crashed"]
+        if pick(spec, sweep_dir) is None:
+            print(
+                f"sweep {spec.name}: not every tuning run has ended (crashed, running or in use); no rate is picked "
+                f"until they have: run `python -m experiments sweep {args.sweep_file}` again",
+                flush=True,
+            )
+            return crashed
+        fresh = _record_protocol(spec, sweep_dir, args.sweep_file)
+    _print_tuning(spec, sweep_dir)
+    print(f"sweep {spec.name}: {len(fresh)} fresh runs, each scheme at its picked rate", flush=True)
+    if spec.submitit:
+        return crashed + _submitit(spec, fresh, sweep_dir, args)
+    statuses = run_locally(spec, fresh, sweep_dir, args.restart)
+    compare(spec, fresh, sweep_dir)
+    return crashed + [name for name, status in statuses.items() if status == "crashed"]
 
 
 def main(argv: list[str] | None = None) -> int | None:
@@ -193,18 +278,28 @@ def main(argv: list[str] | None = None) -> int | None:
         return USAGE_ERROR if errors else None
     if args.status or args.collect:
         for spec in specs:
-            sweep_dir, runs = sweep_dir_of(spec), grid(spec)
+            sweep_dir = sweep_dir_of(spec)
             if not (sweep_dir / SWEEP_MARKER).exists() and not (sweep_dir / SWEEP_RECORD).exists():
                 raise SuiteError(f"{sweep_dir} holds no sweep yet ({args.sweep_file}); valid: run the sweep first")
+            runs, compared = _known_runs(spec, sweep_dir)
             if args.status:
                 print(status_table(spec, sweep_dir, run_states(spec, runs, sweep_dir)), flush=True)
+            elif spec.protocol and not compared:
+                print(f"sweep {spec.name}: still tuning, no rate picked yet; nothing to compare", flush=True)
             else:
-                compare(spec, runs, sweep_dir, only_done=True)
+                compare(spec, compared, sweep_dir, only_done=True)
+                _print_tuning(spec, sweep_dir)
         return None
     crashed: list[str] = []
     for spec in specs:
-        runs, sweep_dir = grid(spec), sweep_dir_of(spec)
+        sweep_dir = sweep_dir_of(spec)
+        if spec.protocol:
+            read_tuning(spec, sweep_dir)  # picks made under another protocol: one line before anything is written
         claim_sweep_dir(sweep_dir, spec.name, args.sweep_file)
+        if spec.protocol:
+            crashed += _tune_then_compare(spec, sweep_dir, args)
+            continue
+        runs = grid(spec)
         write_record(spec, runs, sweep_dir, args.sweep_file)
         if spec.submitit:
             crashed += _submitit(spec, runs, sweep_dir, args)
