@@ -208,7 +208,8 @@ class Trunk(nn.Module):
             rope: rotary tables from :func:`models.layers.rope_tables`, or None.
             is_causal: causal attention mask (LM).
             return_aux: also return the auxiliary outputs, :class:`models.layers.Routing`: the load-balancing loss
-                summed over the MoE layers (0 for a dense trunk) and their expert loads stacked ``(L_moe, E)``.
+                and the router z-loss, each summed over the MoE layers (0 for a dense trunk; ``mean_loss`` /
+                ``mean_z`` average them as OLMoE weights them), and the expert loads stacked ``(L_moe, E)``.
             skip_blocks: block indices to skip (layer-pruning sensitivity).
         """
         if (cond is None) == self.conditioned:
@@ -236,6 +237,7 @@ class Trunk(nn.Module):
         """The final residual state (before the readout) and the routing of the MoE layers that ran."""
         state = self.init_state(h)
         aux = h.new_zeros((), dtype=torch.float32)
+        z = h.new_zeros((), dtype=torch.float32)
         loads = []
         for b, block in enumerate(self.blocks):
             if b in skip_blocks:
@@ -246,6 +248,7 @@ class Trunk(nn.Module):
                 state, routing = block(state, cond, rope, is_causal)
             if routing is not None:  # dense blocks add nothing to the hot path
                 aux = aux + routing.loss
+                z = z + routing.z
                 loads.append(routing.load)
         load = torch.stack(loads) if loads else h.new_zeros((0, 0), dtype=torch.float32)  # (L_moe, E)
-        return state, Routing(aux, load)
+        return state, Routing(aux, load, z)

@@ -1,8 +1,18 @@
-"""Causal language modeling: cross-entropy, perplexity, MoE auxiliary loss and routing statistics, text generation.
+"""Causal language modeling: cross-entropy, perplexity, MoE router losses and routing statistics, text generation.
+
+The training loss is OLMo's / OLMoE's::
+
+    loss = CE + moe_aux_weight * moe_aux + moe_z_weight * moe_z + z_loss_weight * z_loss
+
+``moe_aux`` and ``moe_z`` are means over the MoE layers, as Megablocks / OLMoE normalize them (their
+``batched_load_balancing_loss`` divides by ``num_layers``), so a weight means the same at any depth; ``z_loss`` is
+OLMo's logit z-loss, ``mean_t logsumexp(logits_t)^2`` (allenai/OLMo ``olmo/train.py`` ``cross_entropy_loss``,
+lines 125-145 at 59a53e3), computed and logged only when its weight is above 0.
 
 An MoE trunk logs what its router did, from the same forward (no extra pass), under ``<split>/moe_*``:
 
-    moe_aux         the load-balancing loss, summed over the MoE layers (1 per layer for a uniform router)
+    moe_aux         the load-balancing loss, mean over the MoE layers (1 for a uniform router)
+    moe_z           the router z-loss ``mean_t logsumexp(router logits)^2``, mean over the MoE layers
     moe_entropy     expert-usage entropy over ln E, mean over layers (1 = every expert equally used)
     moe_load_max    the busiest expert's share of assignments x E, mean over layers (1 = balanced)
     moe_load_min    the idlest expert's share x E, mean over layers (0 = some expert got no token)
@@ -35,7 +45,15 @@ from models import LanguageModel, TrunkConfig
 from models.layers import Routing, expert_usage
 from models.loaders.suite_export import load_suite_export
 
-ROUTING_STATS = ("moe_aux", "moe_entropy", "moe_load_max", "moe_load_min", "moe_load_ratio")
+ROUTER_LOSSES = ("moe_aux", "moe_z")
+USAGE_STATS = ("moe_entropy", "moe_load_max", "moe_load_min", "moe_load_ratio")
+ROUTING_STATS = ROUTER_LOSSES + USAGE_STATS
+
+
+def logit_z_loss(logits: Tensor) -> Tensor:
+    """OLMo's logit z-loss ``mean over tokens of logsumexp_v(logits)^2`` (float32), from ``(..., V)`` logits:
+    allenai/OLMo ``olmo/train.py`` ``cross_entropy_loss`` (lines 125-145 at 59a53e3), every token a target."""
+    return torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
 class PerplexityFromLoss(MeanMetric):
@@ -57,7 +75,11 @@ class LanguageModeling(TaskModule):
         vocab_size: linked from the DataModule's tokenizer.
         seq_len: linked from the DataModule; RoPE tables cover it.
         tie_embeddings: share input and output embeddings.
-        moe_aux_weight: weight of the load-balancing loss (MoE trunks only).
+        moe_aux_weight: weight of the load-balancing loss, a mean over the MoE layers (MoE trunks only; OLMoE's
+            ``moe_loss_weight`` 0.01).
+        moe_z_weight: weight of the router z-loss, a mean over the MoE layers and tokens (MoE trunks only; 0: off).
+        z_loss_weight: weight of OLMo's logit z-loss ``mean_t logsumexp(logits_t)^2`` (0: off; OLMo's
+            ``softmax_auxiliary_loss`` with ``auxiliary_loss_multiplier`` 1e-4 when on).
         max_new_tokens: tokens generated per prompt by ``predict``.
         temperature: sampling temperature for ``predict`` (0 is greedy).
         top_k: sample only from the k most likely tokens.
@@ -79,6 +101,8 @@ class LanguageModeling(TaskModule):
         seq_len: Annotated[int, Ge(1)] = 128,
         tie_embeddings: bool = False,
         moe_aux_weight: Annotated[float, Ge(0)] = 0.01,
+        moe_z_weight: Annotated[float, Ge(0)] = 0.0,
+        z_loss_weight: Annotated[float, Ge(0)] = 0.0,
         max_new_tokens: Annotated[int, Ge(1)] = 200,
         temperature: Annotated[float, Ge(0)] = 0.8,
         top_k: Annotated[int, Ge(1)] | None = 40,
@@ -90,6 +114,8 @@ class LanguageModeling(TaskModule):
         self.save_hyperparameters()
         self.net = LanguageModel(trunk, vocab_size, max_seq_len=seq_len, tie_embeddings=tie_embeddings)
         self.moe_aux_weight = moe_aux_weight if trunk.moe_experts else 0.0
+        self.moe_z_weight = moe_z_weight if trunk.moe_experts else 0.0
+        self.z_loss_weight = z_loss_weight
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         # MoE routing statistics of val / test, averaged over the split's batches (synced under DDP)
         names = ROUTING_STATS if trunk.moe_experts else ()
@@ -117,6 +143,8 @@ class LanguageModeling(TaskModule):
             "top_k": trunk.moe_top_k,
             "expert_hidden": trunk.moe_hidden or trunk.hidden,
             "aux_weight": self.moe_aux_weight,
+            "aux_normalization": "mean over the MoE layers (Megablocks / OLMoE)",
+            "router_z_weight": self.moe_z_weight,
             "capacity": None,
             "dropped_tokens": "none: the router is dropless (no expert capacity); every token reaches its k experts",
         }
@@ -132,7 +160,12 @@ class LanguageModeling(TaskModule):
             self.log_routing(split, routing, targets.numel())
         if split == "train":
             self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
-            return loss + self.moe_aux_weight * routing.loss
+            total = loss + self.moe_aux_weight * routing.mean_loss + self.moe_z_weight * routing.mean_z
+            if self.z_loss_weight > 0:
+                z_loss = logit_z_loss(logits)
+                self.log("train/z_loss", z_loss.detach())
+                total = total + self.z_loss_weight * z_loss
+            return total
         self.losses[split].update(loss, weight=targets.numel())
         self.ppl[split].update(loss, weight=targets.numel())
         self.log(f"{split}/loss", self.losses[split], prog_bar=True)
@@ -142,8 +175,8 @@ class LanguageModeling(TaskModule):
     def log_routing(self, split: str, routing: Routing, tokens: int) -> None:
         """``<split>/moe_*`` from this step's routing: per step in training, batch means in val / test."""
         usage = expert_usage(routing.load)  # per layer, (L,)
-        values = {"moe_aux": routing.loss.detach()}
-        values.update({name: getattr(usage, name.removeprefix("moe_")).mean() for name in ROUTING_STATS[1:]})
+        values = {"moe_aux": routing.mean_loss.detach(), "moe_z": routing.mean_z.detach()}
+        values.update({name: getattr(usage, name.removeprefix("moe_")).mean() for name in USAGE_STATS})
         for name, value in values.items():
             if split == "train":
                 self.log(f"train/{name}", value)

@@ -3,7 +3,7 @@
 from models.layers.attention import Attention, apply_rope, rope_tables
 from models.layers.conditioning import AdaLNZero, modulate
 from models.layers.mlp import Mlp, SwiGLU
-from models.layers.moe import ExpertUsage, MoE, Routing, expert_usage, load_balancing_loss
+from models.layers.moe import ExpertUsage, MoE, Routing, expert_usage, load_balancing_loss, router_z_loss
 
 __all__ = [
     "AdaLNZero",
@@ -18,4 +18,5 @@ __all__ = [
     "load_balancing_loss",
     "modulate",
     "rope_tables",
+    "router_z_loss",
 ]

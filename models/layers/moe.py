@@ -1,7 +1,7 @@
 """Token-choice top-k mixture of experts (OLMoE-style), dropless, experts computed batched.
 
-Besides its output, each MoE layer returns what its router did (:class:`Routing`): the load-balancing loss
-and how many of the ``T * k`` token -> expert assignments each expert received. Both come out of the
+Besides its output, each MoE layer returns what its router did (:class:`Routing`): the load-balancing loss,
+the router z-loss and how many of the ``T * k`` token -> expert assignments each expert received. Both come out of the
 forward as tensors (no Python loop over tokens, nothing stored on the module), so activation
 checkpointing, ``torch.compile`` and DDP see a pure function. :func:`expert_usage` turns the counts into
 the usage statistics a comparison reports. The router has no capacity: every token reaches its ``k``
@@ -24,13 +24,34 @@ class Routing(NamedTuple):
     """What the router did in one forward.
 
     Attributes:
-        loss: the load-balancing loss (a scalar; the trunk sums it over its MoE layers).
+        loss: the load-balancing loss (a scalar, :func:`switch_loss`; the trunk sums it over its MoE layers).
         load: assignments per expert as float32 counts, ``(E,)`` for one layer, ``(L, E)`` stacked by the
             trunk over its L MoE layers. They sum to ``T * k`` per layer (T tokens, k experts each).
+        z: the router z-loss, :func:`router_z_loss` (a scalar; the trunk sums it over its MoE layers).
+
+    A loss weighted as OLMoE / Megablocks weight it is the per-layer mean: :attr:`mean_loss`, :attr:`mean_z`.
     """
 
     loss: Tensor
     load: Tensor
+    z: Tensor
+
+    @property
+    def layers(self) -> int:
+        """How many MoE layers the record covers (1 for one layer's record, 0 for a dense trunk's)."""
+        return self.load.shape[0] if self.load.ndim == 2 else 1
+
+    @property
+    def mean_loss(self) -> Tensor:
+        """The load-balancing loss averaged over the MoE layers (0 for a dense trunk): Megablocks'
+        ``batched_load_balancing_loss`` without its weight, ``E / (L T k) sum_(l, e) count_le P_le``
+        (databricks/megablocks ``megablocks/layers/moe.py`` lines 83-89 at 78eea65; OLMoE's fork, the same)."""
+        return self.loss / max(self.layers, 1)
+
+    @property
+    def mean_z(self) -> Tensor:
+        """The router z-loss averaged over the MoE layers (0 for a dense trunk)."""
+        return self.z / max(self.layers, 1)
 
 
 class ExpertUsage(NamedTuple):
@@ -62,6 +83,19 @@ def switch_loss(probs: Tensor, load: Tensor) -> Tensor:
     assignment counts ``(E,)`` (``f_e`` = count share, ``P_e`` = mean router probability); 1 for a uniform router."""
     fraction = (load / load.sum()).to(probs.dtype)  # f_e: share of the T*k assignments
     return load.numel() * (fraction * probs.mean(dim=0)).sum()
+
+
+def router_z_loss(logits: Tensor) -> Tensor:
+    """ST-MoE's router z-loss ``mean_t (logsumexp_e logits_te)^2`` of one layer's router logits ``(T, E)``.
+
+    As OLMoE computes it: ``torch.log(torch.exp(expert_logits).sum(dim=-1)) ** 2`` over every token of every layer
+    (Muennighoff/megablocks branch ``olmoe`` 4a25bc7, ``megablocks/layers/moe.py`` line 103), here with a stable
+    logsumexp, in float32, per layer; upstream Megablocks' ``batched_router_zloss`` (``megablocks/layers/router.py``
+    lines 25-42 at 78eea65) is the same per-layer mean. An empty batch gives 0.
+    """
+    if logits.shape[0] == 0:
+        return logits.new_zeros((), dtype=torch.float32)
+    return torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
 def load_balancing_loss(probs: Tensor, expert_idx: Tensor, num_experts: int) -> Tensor:
@@ -183,17 +217,25 @@ class MoE(nn.Module):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Router probabilities ``(T, E)``, chosen experts ``(T, k)`` and their weights ``(T, k)``."""
-        probs = F.softmax(self.router(x).float(), dim=-1)
+        probs, idx, weight = self.route_logits(self.router(x).float())
+        return probs, idx, weight.to(x.dtype)
+
+    def route_logits(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`route` from the router's float32 logits ``(T, E)`` (the weights stay float32)."""
+        probs = F.softmax(logits, dim=-1)
         weight, idx = probs.topk(self.top_k, dim=-1)
         if self.normalize_topk:
             weight = weight / weight.sum(dim=-1, keepdim=True)
-        return probs, idx, weight.to(x.dtype)
+        return probs, idx, weight
 
     def forward(self, x: Tensor) -> tuple[Tensor, Routing]:
-        """Returns the output (same shape as ``x``) and the routing (load-balancing loss, assignments per expert)."""
+        """Returns the output (same shape as ``x``) and the routing (load-balancing loss, assignments per expert,
+        router z-loss)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # (T, D)
-        probs, idx, weight = self.route(x)
+        logits = self.router(x).float()  # (T, E)
+        probs, idx, weight = self.route_logits(logits)
+        weight = weight.to(x.dtype)
         flat_expert = idx.flatten()  # (T*k,) assignment a -> expert
         order = torch.argsort(flat_expert, stable=True)
         # (E,) copies per expert; a scatter, not bincount: its size is E whatever the data (no host sync)
@@ -202,7 +244,7 @@ class MoE(nn.Module):
         y = self.experts(x[token], counts) * weight.flatten()[order].unsqueeze(-1)  # (T*k, D)
         out = torch.zeros_like(x).index_add_(0, token, y)
         load = counts.float()  # (E,): the counts the grouping used, as the routing record
-        return out.reshape(shape), Routing(switch_loss(probs, load), load)
+        return out.reshape(shape), Routing(switch_loss(probs, load), load, router_z_loss(logits))
 
 
 def _experts_moved(module, state_dict, prefix, *args) -> None:

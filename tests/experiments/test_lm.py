@@ -67,7 +67,7 @@ def test_moe_fast_dev_run_logs_aux_loss(tmp_path: Path, data_dir: Path):
         save_config_callback=SaveConfigCallback,
     )  # fmt: skip
     aux = float(cli.trainer.callback_metrics["train/moe_aux"])
-    assert 1.5 < aux < 3.0, aux  # E * sum_e f_e P_e is about 1 per MoE block for a fresh router; 2 blocks
+    assert 0.99 < aux < 1.5, aux  # E * sum_e f_e P_e, mean over the MoE blocks: about 1 for a fresh router
 
 
 def _summary(runs: Path, name: str) -> dict:
