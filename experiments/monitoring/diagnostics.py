@@ -84,6 +84,13 @@ def local(t: Tensor) -> Tensor:
     return to_local() if callable(to_local) else t
 
 
+def whole(t: Tensor) -> Tensor:
+    """A reduction of a sharded parameter made whole: FSDP2's ``weight.abs().mean()`` is a DTensor whose local value
+    is this rank's shard's mean (``float()`` of it reads only that); a plain tensor as it is. A collective."""
+    full_tensor = getattr(t, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else t
+
+
 def sum_and_count(values: Tensor) -> Tensor:
     """``[sum, count]`` of ``values`` in float64: what a mean over several ranks' parts is reduced from."""
     return torch.stack([values.detach().double().sum(), torch.tensor(float(values.numel()), device=values.device)])
@@ -132,11 +139,11 @@ def _norm_stats(module: nn.Module) -> dict[str, Tensor]:
     Derf's ``"shift"`` too)."""
     out = {}
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm, *POINTWISE)) and module.weight is not None:
-        out["scale"] = module.weight.abs().mean()
+        out["scale"] = whole(module.weight.abs().mean())
     if isinstance(module, POINTWISE):
-        out["alpha"] = module.alpha.detach().reshape(())
+        out["alpha"] = whole(module.alpha.detach()).reshape(())
     if isinstance(module, Derf):
-        out["shift"] = module.shift.detach().reshape(())
+        out["shift"] = whole(module.shift.detach()).reshape(())
     return out
 
 
@@ -187,7 +194,7 @@ def norm_scales(trunk: Trunk) -> dict[str, Tensor]:
                     out[f"diag/{stat}/{name.rsplit('.', 1)[-1]}/sublayer_{s}"] = value
             gain = getattr(site, "gain", None)  # siamese_hybrid: h = g * x + N_Y(y) at attention
             if isinstance(gain, Tensor):
-                out[f"diag/scale/gain/sublayer_{s}"] = gain.abs().mean()
+                out[f"diag/scale/gain/sublayer_{s}"] = whole(gain.abs().mean())
     return out
 
 

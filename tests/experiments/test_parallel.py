@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 from filelock import FileLock
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from experiments.__main__ import main
 from experiments.parallel.packed import PackedLinear, unpack_state_dict
@@ -42,6 +43,7 @@ from experiments.reliability.safe_load import checkpoint_problem, load_checkpoin
 from experiments.reliability.sharded import CACHE
 from models import TrunkConfig
 from models.trunk import Trunk
+from tests.experiments.rank_draws import draws
 from tests.experiments.tiny import tiny_lm
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
@@ -56,6 +58,11 @@ GQA = ("pre", "siamese_hybrid")  # grouped-query attention: per-head QK-norm; Hy
 
 
 KILL = ("--trainer.callbacks+=tests.experiments.pacing.SignalAtStep", "--trainer.callbacks.at_step=3")
+KILL_AT_1 = ("--trainer.callbacks+=tests.experiments.pacing.SignalAtStep", "--trainer.callbacks.at_step=1")
+DIAG = ("--trainer.callbacks+=experiments.monitoring.diagnostics.Diagnostics", "--trainer.callbacks.every_n_steps=1",
+        "--trainer.log_every_n_steps=1")  # fmt: skip
+DRAWS = "--trainer.callbacks+=tests.experiments.rank_draws.RecordDraws"
+DDP2 = ("--trainer.devices=2", "--trainer.strategy=ddp")
 # Resumed on another world size: the same global batch, so another per-device batch (a change the run records)
 ELSEWHERE = ("--ckpt_path=last", "--resume_with_changes")
 
@@ -198,8 +205,8 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     r = {name: root / name for name in (
         "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
         "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp", "moe_fsdp", "moe_ep",
-        "dit_one", "denied", "nan", "split", "held", "held_val", "stuck", "launch")}  # fmt: skip
-    main(lm(r["one"], corpus, 8, STEPS))  # one process, batch 8, the default strategy
+        "dit_one", "dit_part", "denied", "nan", "split", "held", "held_val", "stuck", "launch")}  # fmt: skip
+    main(lm(r["one"], corpus, 8, STEPS, "pre", *DIAG))  # one process, batch 8, the default strategy
     main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
     one = [
         fit(lm(r["part_c"], corpus, 8, PART, "pre", *strategy(1, 1))),
@@ -214,8 +221,8 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
                 "--trainer.callbacks.in_validation=true", "--trainer.callbacks.signal_all=false"))  # fmt: skip
     jobs = [
         *grads,
-        fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
-        fit(lm(r["tp"], corpus, 8, STEPS, "pre", *strategy(1, 2))),
+        fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1), *DIAG)),
+        fit(lm(r["tp"], corpus, 8, STEPS, "pre", *strategy(1, 2), *DIAG)),
         fit(lm(r["tp_siamese"], corpus, 8, PART, "siamese", *strategy(1, 2))),  # two streams, one placement
         {**fit(lm(r["tp_part"], corpus, 8, STEPS, "pre", *strategy(1, 2), *KILL)), "expect": SIGTERM_EXIT},
         fit(lm(r["tp_part"], corpus, 8, STEPS, "pre", *strategy(1, 2), "--ckpt_path=last")),
@@ -223,8 +230,10 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
         fit(lm(r["part_a"], corpus, 4, PART, "pre", *strategy(2, 1))),
         fit(images(VIT, r["vit_fsdp"], 4, 4, *strategy(2, 1))),
         fit(images(VIT, r["vit_ddp"], 4, 4, "--trainer.devices=2", "--trainer.strategy=ddp")),
-        fit(images(DIT, r["dit_fsdp"], 4, 2, *strategy(2, 1))),
-        fit(images(DIT, r["dit_ddp"], 4, 2, "--trainer.devices=2", "--trainer.strategy=ddp")),
+        fit(images(DIT, r["dit_fsdp"], 4, 2, *strategy(2, 1), DRAWS)),
+        fit(images(DIT, r["dit_ddp"], 4, 2, "--trainer.devices=2", "--trainer.strategy=ddp", DRAWS)),
+        {**fit(images(DIT, r["dit_part"], 4, 2, *DDP2, DRAWS, *KILL_AT_1)), "expect": SIGTERM_EXIT},
+        fit(images(DIT, r["dit_part"], 4, 2, *DDP2, DRAWS, "--ckpt_path=last")),
         fit(images(DIT, r["dit_tp"], 8, 2, *strategy(1, 2))),
         fit(lm(r["moe_fsdp"], corpus, 4, PART, "pre", *MOE, *strategy(2, 1))),
         fit(
@@ -297,6 +306,45 @@ def test_fsdp2_and_tensor_parallel_fits_follow_the_one_process_run(ran: dict):
     close(curve(ran["fsdp"]), one)  # 2 ranks x batch 4
     close(curve(ran["tp"]), one)  # 2 ranks, one batch of 8 split along the sequence
     close(curve(ran["tp_siamese"]), curve(ran["one_siamese"])[:PART])
+
+
+def scalars(run: Path, prefix: str) -> dict[str, dict[int, float]]:
+    """``{tag: {step: value}}`` of the TensorBoard scalars under ``run`` whose tag starts with ``prefix``."""
+    (events,) = run.rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {t: {e.step: e.value for e in acc.Scalars(t)} for t in acc.Tags()["scalars"] if t.startswith(prefix)}
+
+
+def test_every_diagnostic_and_the_logged_loss_describe_the_global_batch_on_two_ranks(ran: dict):
+    """Every diag/ tag, and train/loss, logged by 2 FSDP2 ranks (batch 4 each) and by 2 tensor-parallel ranks
+    (sequence shards of one batch of 8) equals one process on the batch of 8: the RMS and max |activation| were
+    rank 0's micro-batch (0.6 % off), train/loss rank 0's own loss."""
+    one = scalars(ran["one"], "diag/") | scalars(ran["one"], "train/loss")
+    assert len(one["diag/rms/x/block_1"]) == STEPS and "diag/max_abs_activation" in one
+    for run in ("fsdp", "tp"):
+        got = scalars(ran[run], "diag/") | scalars(ran[run], "train/loss")
+        assert got.keys() == one.keys(), run
+        for tag, values in one.items():
+            assert got[tag].keys() == values.keys(), (run, tag)
+            for step, value in values.items():
+                assert got[tag][step] == pytest.approx(value, rel=1e-5, abs=1e-7), (run, tag, step)
+
+
+def test_each_data_parallel_rank_draws_its_own_stream_and_a_resume_gives_it_back(ran: dict):
+    """DiT on 2 data-parallel ranks: the ranks' generator states differ at every step (they drew the same noise and
+    timesteps before), FSDP2 and DDP draw the same per-rank streams (the seed and the world decide them), and a
+    run killed after step 1 and resumed draws at step 1 what the uninterrupted run drew, rank by rank."""
+    for run in ("dit_ddp", "dit_fsdp", "dit_part"):
+        ranks = [draws(ran[run], r) for r in (0, 1)]
+        assert all(ranks[0][step] != ranks[1][step] for step in ranks[0]), run
+    for rank in (0, 1):
+        ddp, fsdp, resumed = (draws(ran[run], rank) for run in ("dit_ddp", "dit_fsdp", "dit_part"))
+        assert ddp == fsdp and sorted(ddp) == [0, 1], rank
+        assert resumed == ddp, rank  # step 0 from the first run, step 1 from the resumed one (its last record)
+    interrupted = last(ran["dit_part"]).parent / "interrupted.ckpt"
+    assert load_checkpoint(interrupted)["global_step"] == 1  # so step 1 was drawn by the resumed run
+    close(curve(ran["dit_part"]), curve(ran["dit_ddp"]))
 
 
 def test_killed_and_resumed_on_the_same_mesh_continues_bit_for_bit(ran: dict):
