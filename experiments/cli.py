@@ -71,7 +71,7 @@ from experiments.reliability.config_files import (
     read_config,
     trust_packages,
 )
-from experiments.reliability.errors import OutputDirError, SuiteError, free_space_note
+from experiments.reliability.errors import OutputDirError, SuiteError, describe, free_space_note
 from experiments.reliability.layout import (
     NAME_PATTERN,
     NAME_RULE,
@@ -353,8 +353,6 @@ class SuiteCLI(LightningCLI):
         """A refusal leaves nothing behind: when this command made the run directory and is refused (a user error,
         exit status 2) before its first training step and first checkpoint, the directory goes again, so the
         corrected command is not told that the directory "already holds a run"."""
-        from experiments.reliability.errors import describe
-
         run_dir, trainer = self._run_dir, getattr(self, "trainer", None)
         if run_dir is None or not getattr(self, "_made_run_dir", False) or rank_zero_only.rank != 0:
             return

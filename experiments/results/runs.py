@@ -12,6 +12,7 @@ import yaml
 
 from experiments.reliability.errors import SuiteError
 from experiments.reliability.run_lock import in_use
+from experiments.reliability.summaries import SUMMARY_FIELDS, check_summary  # noqa: F401 - importable from here too
 from fileio import InputError, NotJSONError, read_json
 
 SWEEP_RECORD = "sweep.yaml"  # written by the sweep into its directory: its spec, run order and grid
@@ -31,35 +32,6 @@ def sweep_record(sweep_dir: Path) -> dict:
     if not isinstance(record, dict):
         raise SuiteError(f"{path} holds {type(record).__name__}, not a mapping; valid: the sweep.yaml a sweep writes")
     return record
-
-
-_NUMBER = (int, float)
-# What the comparison reads from a summary, and the JSON types it may hold (None is always allowed).
-SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
-    "task": (str,), "scheme": (str,), "status": (str,), "error": (str,), "lr": _NUMBER, "params": (int,),
-    "steps": (int,), "wall_time_s": _NUMBER, "final_train_loss": _NUMBER, "final_val": (dict,),
-    "baseline_loss": _NUMBER, "diverged_at": (int,), "spikes": (int,), "train_curve": (list,),
-    "val_curve": (list,), "test": (dict,), "test_protocol": (dict,),
-}  # fmt: skip
-
-
-def check_summary(summary: dict, path: Path) -> dict:
-    """``summary`` if every field the comparison reads has its type; a one-line :class:`SuiteError` otherwise."""
-    for key, types in SUMMARY_FIELDS.items():
-        value = summary.get(key)
-        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
-            valid = " or ".join(t.__name__ for t in types)
-            what = type(value).__name__
-            raise SuiteError(f"run summary {path}: {key}={repr(value)[:60]} is a {what}; valid: {valid}")
-    for key in ("final_val", "test"):
-        for name, value in (summary.get(key) or {}).items():
-            if value is not None and (not isinstance(value, _NUMBER) or isinstance(value, bool)):
-                raise SuiteError(f"run summary {path}: {key}[{name!r}]={repr(value)[:60]}; valid: a number")
-    for key in ("train_curve", "val_curve"):
-        for point in summary.get(key) or []:
-            if not isinstance(point, list) or len(point) != 2 or not isinstance(point[0], int):
-                raise SuiteError(f"run summary {path}: {key} holds {repr(point)[:60]}; valid: [step, value] pairs")
-    return summary
 
 
 def load_summaries(sweep_dir: Path, names: list[str] | None = None) -> dict[str, dict]:

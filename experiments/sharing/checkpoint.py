@@ -26,7 +26,7 @@ from experiments.reliability.config_files import read_config
 from experiments.reliability.errors import CheckpointError, SuiteError
 from experiments.reliability.layout import TASK_NAMES, run_dir_of_checkpoint
 from experiments.reliability.safe_load import load_checkpoint
-from experiments.results.runs import check_summary
+from experiments.reliability.summaries import check_summary
 from models import DiT, LanguageModel, TrunkConfig, ViTClassifier
 
 EXPORTABLE = {"lm": "a language model", "vit": "a ViT classifier", "dit": "a latent DiT"}
