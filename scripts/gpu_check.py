@@ -18,7 +18,15 @@ start after the budget is spent):
    per Block, bf16 parameters, fp32 reductions): the loss of a few steps against the unwrapped model, and the
    step time. ``fsdp2-fit``: the tiny LM through ``fit`` under ``configs/trainer/fsdp2.yaml`` (ModelParallelStrategy,
    a sharded checkpoint), resumed from it, against the default strategy. (Tensor parallelism needs 2 devices.)
-4. ``images``: DeiT-S (224 px) against timm's VisionTransformer and DiT-B/2 (32x32x4 latents) against
+4. ``bf16-params``: the tiny LM under ``hyper`` and ``siamese`` through ``fit`` with FSDP2's bfloat16 parameters
+   (``param_dtype: bfloat16``) against the default strategy in float32: the curves agree within bf16 tolerance,
+   and the run reports its tokens/s and peak memory (``summary.json``'s ``perf``).
+   ``moe``: the tiny MoE under ``bf16-mixed`` on the GPU (the experts' ``_grouped_mm`` in bfloat16, CUDA's only
+   kernel) against float32 on the CPU. (Expert parallelism needs two devices: the CPU tests hold it.)
+   ``diag``: ``Diagnostics`` every step under FSDP2 on one device against the default strategy: every ``diag/``
+   tag within bf16 tolerance. (A one-rank divergence needs two ranks: the CPU tests hold it; meta-device init
+   is not built yet.)
+5. ``images``: DeiT-S (224 px) against timm's VisionTransformer and DiT-B/2 (32x32x4 latents) against
    diffusers' DiTTransformer2DModel, same weights: images/s and ours/theirs step time.
 
 The timing method, FLOP counting and MFU are :mod:`scripts.gpu_bench`'s.
@@ -60,7 +68,7 @@ from experiments.bench import (  # noqa: E402
 )
 from scripts.gpu_bench import paper_workloads, peak_tflops  # noqa: E402
 
-SECTIONS = ("lm", "loss", "fsdp", "fsdp2-fit", "images")
+SECTIONS = ("lm", "loss", "fsdp", "fsdp2-fit", "bf16-params", "moe", "diag", "images")
 # The tiny LM shrunk for --cpu-smoke runs of `experiments fit` (the loss and fsdp2-fit sections)
 TINY_LM_SMOKE = ["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=2",
                  "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
@@ -203,6 +211,102 @@ def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Targ
     return lines, [Target("fsdp2 fit: max relative loss gap to the default strategy, 20 steps", worst, LOSS_RTOL)]
 
 
+def _fit(out: Path, name: str, smoke: bool, steps: int, *extra: str) -> Path:
+    """One ``experiments fit`` of the tiny LM under ``out/name``; the run's directory. Restores the process group
+    and the distributed environment a one-device ModelParallelStrategy leaves behind."""
+    import torch.distributed as dist
+
+    from experiments.__main__ import main as experiments_main
+
+    env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    runs = out / name
+    argv = ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), f"--trainer.max_steps={steps}",
+            "--trainer.limit_val_batches=1", f"--trainer.val_check_interval={steps}",
+            "--trainer.num_sanity_val_steps=0", "--summary.log_every_n_steps=1", "--trainer.log_every_n_steps=1",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", f"--runs_root={runs}",
+            "--run_name=run",
+            *(TINY_LM_SMOKE if smoke else []), *extra]  # fmt: skip
+    experiments_main(argv)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key, value in env.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    return next(runs.glob("lm/*/run"))
+
+
+def _curve(run: Path) -> list[float]:
+    return [loss for _, loss in json.loads((run / "summary.json").read_text())["train_curve"]]
+
+
+def _gap(a: list[float], b: list[float]) -> float:
+    """The largest relative gap of two curves' means over windows of (up to) 20 steps."""
+    window = min(20, len(a))
+    means = [(statistics.fmean(a[i : i + window]), statistics.fmean(b[i : i + window]))
+             for i in range(0, len(a) - window + 1, window)]  # fmt: skip
+    return max(abs(y - x) / x for x, y in means)
+
+
+def bf16_params_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]:
+    """FSDP2 with bfloat16 parameters (hyper, siamese) against the default strategy in float32."""
+    accel = "--trainer.accelerator=cpu" if smoke else "--trainer.accelerator=gpu"
+    fsdp2 = ["-c", str(ROOT / "configs/trainer/fsdp2.yaml"), "--trainer.strategy.data_parallel_size=1",
+             "--trainer.devices=1", "--model.init_args.parallel.param_dtype=bfloat16"]  # fmt: skip
+    lines, targets = [], []
+    for scheme in ("hyper", "siamese"):
+        norm = ["-c", str(ROOT / f"configs/norm/{scheme}.yaml")]
+        plain = _fit(out, f"bf16-{scheme}-fp32", smoke, args.loss_steps, *norm, accel, "--trainer.devices=1")
+        bf16 = _fit(out, f"bf16-{scheme}-bf16", smoke, args.loss_steps, *norm, accel, *fsdp2)
+        gap = _gap(_curve(plain), _curve(bf16))
+        perf = json.loads((bf16 / "summary.json").read_text()).get("perf", {})
+        lines.append(
+            f"- {scheme}: final loss fp32 {_curve(plain)[-1]:.4f}, FSDP2 bf16 parameters {_curve(bf16)[-1]:.4f}; "
+            f"{perf.get('tokens_per_s', float('nan')):.0f} tokens/s, peak {perf.get('peak_mem_gb', float('nan')):.2f} "
+            f"GB, MFU {perf.get('mfu', 'n/a')}"
+        )
+        targets.append(Target(f"bf16 params ({scheme}): max relative windowed loss gap to fp32", gap, LOSS_RTOL))
+    return lines, targets
+
+
+def moe_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]:
+    """The tiny MoE under bf16-mixed on the GPU (bf16 grouped matmul) against float32 on the CPU."""
+    moe = ["-c", str(ROOT / "configs/lm/moe-tiny.yaml")]
+    gpu = ["--trainer.accelerator=cpu" if smoke else "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed"]
+    cpu = _fit(out, "moe-cpu", smoke, args.loss_steps, *moe, "--trainer.accelerator=cpu", "--trainer.precision=32-true")
+    half = _fit(out, "moe-bf16", smoke, args.loss_steps, *moe, *gpu, "--trainer.devices=1")
+    gap = _gap(_curve(cpu), _curve(half))
+    lines = [f"- final loss CPU fp32 {_curve(cpu)[-1]:.4f}, bf16-mixed {_curve(half)[-1]:.4f}"]
+    return lines, [Target("moe: max relative windowed loss gap, bf16-mixed vs fp32", gap, LOSS_RTOL)]
+
+
+def diag_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]:
+    """Diagnostics every step under FSDP2 on one device against the default strategy (both float32)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accel = "--trainer.accelerator=cpu" if smoke else "--trainer.accelerator=gpu"
+    diag = ["--trainer.callbacks+=experiments.monitoring.diagnostics.Diagnostics",
+            "--trainer.callbacks.every_n_steps=1", accel, "--trainer.devices=1",
+            "-c", str(ROOT / "configs/norm/siamese.yaml")]  # fmt: skip
+    fsdp2 = ["-c", str(ROOT / "configs/trainer/fsdp2.yaml"), "--trainer.strategy.data_parallel_size=1",
+             "--model.init_args.parallel.param_dtype=float32"]  # fmt: skip
+    steps = min(args.loss_steps, 10)
+
+    def tags(run: Path) -> dict[str, dict[int, float]]:
+        acc = EventAccumulator(str(next(run.rglob("events.out.tfevents.*"))), size_guidance={"scalars": 0})
+        acc.Reload()
+        return {t: {e.step: e.value for e in acc.Scalars(t)} for t in acc.Tags()["scalars"] if t.startswith("diag/")}
+
+    plain, sharded = (
+        tags(_fit(out, "diag-plain", smoke, steps, *diag)),
+        tags(_fit(out, "diag-fsdp2", smoke, steps, *diag, *fsdp2)),
+    )
+    gaps = [abs(sharded[t][s] - v) / max(abs(v), 1e-6) for t, vs in plain.items() for s, v in vs.items()
+            if s in sharded.get(t, {})]  # fmt: skip
+    missing = sorted(set(plain) ^ set(sharded))
+    lines = [f"- {len(plain)} diag/ tags over {steps} steps; tags only one run logged: {missing or 'none'}"]
+    worst = max(gaps) if gaps and not missing else float("inf")
+    return lines, [Target("diag: max relative gap of every diag/ tag, FSDP2 vs default strategy", worst, 1e-3)]
+
+
 def loss_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Target]]:
     """``experiments fit`` of the tiny LM on the GPU (bf16) and on the CPU (fp32); their train curves."""
     from experiments.__main__ import main as experiments_main
@@ -300,6 +404,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         "fit / resume under configs/trainer/fsdp2.yaml", fsdp_fit_section(args, out, smoke)
     )
     runners["loss"] = lambda: parts(f"{args.loss_steps} real steps of the tiny LM", loss_section(args, out, smoke))
+    runners["bf16-params"] = lambda: parts("bf16 parameters under FSDP2", bf16_params_section(args, out, smoke))
+    runners["moe"] = lambda: parts("MoE under bf16-mixed", moe_section(args, out, smoke))
+    runners["diag"] = lambda: parts("Diagnostics under FSDP2", diag_section(args, out, smoke))
     for section in sections:
         elapsed = time.perf_counter() - start
         if elapsed > args.budget_s:
