@@ -236,11 +236,11 @@ def _analyse(key, reference, metric, margin, alpha, thresholds, sensitivity) -> 
         return SliceAnalysis({s: Verdict("not comparable", len(data.get(s, {})), why=why)
                               for s in (*data, *empty) if s != reference}, "", None)  # fmt: skip
     higher = higher_is_better(metric)
-    groups = {}
+    groups = {}  # each cell's paired differences to the reference (the spread check's groups)
     for s in data:
-        c = paired(data[s], data[reference]) if s != reference else None
-        if c is not None and c.n >= 2:
-            groups[s] = c.differences
+        common = [k for k in data[s] if k in data[reference]]
+        if s != reference and len(common) >= 2:
+            groups[s] = [data[s][k] - data[reference][k] for k in common]
     spread_p = spread_check(groups)
     args = (data, reference, margin, higher, alpha, *thresholds, sensitivity)
     if spread_p is not None and spread_p < alpha:
