@@ -5,9 +5,11 @@
         --setup-------->   TokenWindows over each split (np.memmap)
         --dataloaders-->   LongTensor (B, seq_len + 1); the model uses [:, :-1] as input, [:, 1:] as target
 
-Training windows are random starts (`RandomWindowSampler`, seeded by (seed, epoch));
-validation and test use a fixed set of evenly spaced windows, so their loss is comparable
-across runs and schemes.
+Training windows are either every non-overlapping window once per epoch in a seeded order
+(``sampling="permutation"``, `PermutedWindowSampler`: one epoch = one pass, OLMo's order) or random starts drawn
+with replacement (``sampling="with_replacement"``, `RandomWindowSampler`, the default the tiny configs were
+measured with); both are seeded by (seed, epoch) and resumable mid-epoch. Validation and test use a fixed set of
+evenly spaced windows, so their loss is comparable across runs and schemes.
 """
 
 # Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
@@ -27,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from datamodules.fingerprint import check_same_files
 from datamodules.loaders import make_loader
+from datamodules.samplers import ResumableSampler
 from datamodules.text.corpus import embedded_corpus_name
 from datamodules.text.pipeline import prepare_text_shards
 from datamodules.text.shard_windows import SplitWindows
@@ -41,12 +44,14 @@ from datamodules.text.shards import (
     read_meta,
 )
 from datamodules.text.tokenizers import ByteTokenizer, TextTokenizer, check_bpe_vocab_size, check_kind
-from datamodules.text.windows import RandomWindowSampler, TokenWindows, eval_window_starts
+from datamodules.text.windows import PermutedWindowSampler, RandomWindowSampler, TokenWindows, eval_window_starts
 from fileio.checks import utf8_text
 
 BASELINE_TOKENS = 1 << 24  # the baseline reads at most the first 16M training tokens: cheap on any corpus
 
-__all__ = ["RandomWindowSampler", "TextDataModule"]
+__all__ = ["PermutedWindowSampler", "RandomWindowSampler", "TextDataModule"]
+
+SAMPLINGS = ("permutation", "with_replacement")
 
 
 def _positive(name: str, value: int) -> None:
@@ -68,7 +73,12 @@ class TextDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes.
         val_fraction: Fraction of tokens (the part after train) used for validation.
         test_fraction: Fraction of tokens (the tail) used for test.
-        train_samples_per_epoch: Random windows per training epoch (an "epoch" is this many rows).
+        sampling: How training windows are chosen: "permutation" reads every non-overlapping window of the
+            training split once per epoch in a seeded order (one epoch = one pass over the data, as OLMo trains);
+            "with_replacement" draws ``train_samples_per_epoch`` starts uniformly with replacement (so some text
+            is read several times and some never).
+        train_samples_per_epoch: Random windows per training epoch under ``sampling="with_replacement"`` (an
+            "epoch" is this many rows); unused under "permutation", whose epoch is the whole split.
         eval_samples: Maximum number of fixed validation/test windows.
         seed: Seed of the training-window draw (combined with the epoch).
         prompts: texts ``predict`` continues; None uses the first ``prompt_len`` tokens of the
@@ -88,6 +98,7 @@ class TextDataModule(L.LightningDataModule):
         num_workers: Annotated[int, Ge(0)] = 0,
         val_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.05,
         test_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.05,
+        sampling: Literal["permutation", "with_replacement"] = "with_replacement",
         train_samples_per_epoch: Annotated[int, Ge(1)] = 20000,
         eval_samples: Annotated[int, Ge(1)] = 256,
         seed: int = 1234,
@@ -106,7 +117,9 @@ class TextDataModule(L.LightningDataModule):
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
         check_fractions(val_fraction, test_fraction)
-        if train_samples_per_epoch < batch_size:
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling={sampling!r} is not a window sampling; valid: {', '.join(SAMPLINGS)}")
+        if sampling == "with_replacement" and train_samples_per_epoch < batch_size:
             raise ValueError(
                 f"train_samples_per_epoch={train_samples_per_epoch} is below batch_size={batch_size}; "
                 "an epoch would hold no full batch"
@@ -121,6 +134,7 @@ class TextDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
+        self.sampling = sampling
         self.train_samples_per_epoch = train_samples_per_epoch
         self.eval_samples = eval_samples
         self.seed = seed
@@ -136,7 +150,7 @@ class TextDataModule(L.LightningDataModule):
         self.train_dataset: TokenWindows | None = None
         self.val_dataset: Subset[torch.Tensor] | None = None
         self.test_dataset: Subset[torch.Tensor] | None = None
-        self.train_sampler: RandomWindowSampler | None = None
+        self.train_sampler: PermutedWindowSampler | RandomWindowSampler | None = None
         self._baseline_loss: float | None = None
         self.data_fingerprint: str | None = None  # set by setup() under several ranks
 
@@ -231,7 +245,12 @@ class TextDataModule(L.LightningDataModule):
         self._tokenizer = load_shard_tokenizer(directory, self._meta)
         if stage in (None, "fit"):
             self.train_dataset = SplitWindows(directory, "train", self.seq_len, self._meta)
-            self.train_sampler = RandomWindowSampler(len(self.train_dataset), self.train_samples_per_epoch, self.seed)
+            if self.sampling == "permutation":
+                self.train_sampler = PermutedWindowSampler(self.train_dataset.num_tokens, self.seq_len, self.seed)
+            else:
+                self.train_sampler = RandomWindowSampler(
+                    len(self.train_dataset), self.train_samples_per_epoch, self.seed
+                )
         if stage in (None, "fit", "validate"):
             self.val_dataset = self._eval_windows(directory, "val")
         if stage in (None, "test", "predict"):
@@ -244,7 +263,7 @@ class TextDataModule(L.LightningDataModule):
 
     # ---------------------------------------------------------------------------------- dataloaders
 
-    def _loader(self, dataset: Dataset, train_sampler: RandomWindowSampler | None = None) -> DataLoader:
+    def _loader(self, dataset: Dataset, train_sampler: ResumableSampler | None = None) -> DataLoader:
         return make_loader(dataset, self.batch_size, train_sampler=train_sampler, trainer=self.trainer,
                            num_workers=self.num_workers)  # fmt: skip
 

@@ -6,8 +6,10 @@ A window starting at s holds seq_len + 1 tokens; the model reads [:-1] and predi
     input        [---------- L ----------]
     target            [---------- L ----------]
 
-Training draws starts uniformly at random (`RandomWindowSampler`, reproducible per (seed, epoch));
-evaluation uses a fixed set of evenly spaced, non-overlapping starts (`eval_window_starts`).
+Training reads either every non-overlapping window once per epoch in a seeded order
+(`PermutedWindowSampler`, OLMo's order: one epoch = one pass over the split) or starts drawn uniformly with
+replacement (`RandomWindowSampler`); both are reproducible per (seed, epoch) and resumable mid-epoch.
+Evaluation uses a fixed set of evenly spaced, non-overlapping starts (`eval_window_starts`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch.utils.data import Dataset
 
 from datamodules.samplers import ResumableSampler, epoch_seed
 
-__all__ = ["RandomWindowSampler", "TokenWindows", "epoch_seed", "eval_window_starts"]
+__all__ = ["PermutedWindowSampler", "RandomWindowSampler", "TokenWindows", "epoch_seed", "eval_window_starts"]
 
 
 class TokenWindows(Dataset[torch.Tensor]):
@@ -89,6 +91,37 @@ class RandomWindowSampler(ResumableSampler):
 
     def draw(self, generator: torch.Generator) -> list[int]:
         return torch.randint(0, self.num_starts, (self.num_samples,), generator=generator).tolist()
+
+
+class PermutedWindowSampler(ResumableSampler):
+    """Every non-overlapping window of a split exactly once per epoch, in a seeded order (one epoch = one pass).
+
+    Window k starts at ``k * (seq_len + 1)`` and holds tokens ``[k (L+1), (k+1)(L+1))``, so no two windows share a
+    token (OLMo cuts its instances the same way: contiguous, disjoint chunks); the tail shorter than a window is not
+    read. The epoch's order is a permutation of the ``num_tokens // (seq_len + 1)`` windows drawn from
+    ``epoch_seed(seed, epoch)`` alone. Rank r of W takes items r, r + W, ... of that one global order
+    (:func:`datamodules.samplers.shard_over_ranks`), as OLMo's ``IterableDataset`` slices its global indices
+    (allenai/OLMo, olmo/data/iterable_dataset.py, ``_build_global_indices`` and ``__iter__``), so a mid-epoch resume
+    at any world size continues with exactly the windows not yet read (:mod:`datamodules.samplers`).
+
+    Args:
+        num_tokens: Tokens in the split.
+        seq_len: Model context length; each window holds seq_len + 1 tokens.
+        seed: Base seed.
+    """
+
+    def __init__(self, num_tokens: int, seq_len: int, seed: int = 0) -> None:
+        if seq_len <= 0:
+            raise ValueError(f"seq_len={seq_len} must be positive")
+        self.stride = seq_len + 1
+        windows = num_tokens // self.stride
+        if windows <= 0:
+            raise ValueError(f"the split holds {num_tokens} tokens, fewer than one window of seq_len+1={self.stride}")
+        super().__init__(windows, seed)
+
+    def draw(self, generator: torch.Generator) -> list[int]:
+        order = torch.randperm(self.num_samples, generator=generator)
+        return (order * self.stride).tolist()
 
 
 def eval_window_starts(num_tokens: int, seq_len: int, max_windows: int) -> np.ndarray:
