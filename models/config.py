@@ -11,7 +11,7 @@ from models.schemes import SchemeOptions, get_scheme
 from models.schemes.mhc import MHC_VARIANTS
 
 MLP_KINDS = ("gelu", "gelu_tanh", "swiglu")
-INIT_KINDS = ("trunc_normal", "normal", "xavier")
+INIT_KINDS = ("trunc_normal", "normal", "xavier", "mitchell", "olmo_normal")
 QK_NORM_SCOPES = ("per_head", "full")
 DYT_ALPHA_RULES = ("fixed", "width")
 
@@ -131,9 +131,14 @@ class TrunkConfig:
         siamese_input_norm: SiameseNorm's ``N_in`` switch.
         siamese_depth_scaling: SiameseNorm's ``1/sqrt(2(b+1))`` switch.
         hybrid_depth_scaling: HybridNorm with its update scaled by ``1/sqrt(2(b+1))`` (paper Table 3).
-        init: Linear-weight init: "trunc_normal" (timm ViT), "normal" (GPT) or "xavier" (DiT).
+        init: Linear-weight init: "trunc_normal" (timm ViT), "normal" (GPT), "xavier" (DiT), "mitchell" (OLMo's
+            Mitchell init: normals truncated at 3 std, 1 / sqrt(d) for every weight, the embedding and the LM head;
+            ``init_std`` unused) or "olmo_normal" (OLMo's normal init with cutoff 3, OLMoE's: ``init_std``
+            truncated at 3 std everywhere, embedding and LM head included). Both: models/olmo_init.py.
         init_std: std of the normal inits.
-        scaled_output_init: divide the std of residual output projections by ``sqrt(2 L)`` (GPT-2).
+        scaled_output_init: depth-scale the residual output projections: GPT-2's ``std / sqrt(2 L)``, or with
+            "mitchell" OLMo's ``1 / sqrt(2 fan_in (l + 1))`` for block l (OLMo's Mitchell init is "mitchell" with
+            this on; off, the plain-init baselines give every weight ``1 / sqrt(d)``).
         dyt_alpha_init: DyT's alpha at init (reference ``alpha_init_value`` 0.5), for every DyT the three below
             do not set, QK-norm included.
         dyt_alpha_init_attn: alpha at init of the attention sublayers' norms (DyT's LLaMA port:

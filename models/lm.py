@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from models.config import TrunkConfig
 from models.layers import Routing, rope_tables
+from models.olmo_init import input_std, olmo_normal_
 from models.trunk import Trunk
 
 
@@ -49,9 +50,11 @@ class LanguageModel(nn.Module):
         cos, sin = rope_tables(max_seq_len, trunk.dim // trunk.num_heads, rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        nn.init.normal_(self.embed.weight, std=trunk.init_std)
+        init_ = nn.init.normal_ if trunk.init not in ("mitchell", "olmo_normal") else olmo_normal_
+        std = input_std(trunk.dim) if trunk.init == "mitchell" else trunk.init_std  # OLMo's wte and ff_out rules
+        init_(self.embed.weight, std=std)
         if not tie_embeddings:
-            nn.init.normal_(self.head.weight, std=trunk.init_std)
+            init_(self.head.weight, std=std)
 
     def forward(
         self, idx: Tensor, return_aux: bool = False, skip_blocks: frozenset[int] = frozenset()

@@ -22,6 +22,7 @@ Task = Literal["lm", "vit", "dit"]
 # LM: SwiGLU, RMSNorm eps 1e-5, QK-norm, no biases, untied embeddings, vocab 50304 (OLMo-style).
 _LM = dict(mlp="swiglu", norm_layer="rmsnorm", norm_eps=1e-5, qk_norm=True, bias=False, init="normal",
            scaled_output_init=True)  # fmt: skip
+_OLMO = {**_LM, "init": "mitchell"}  # the paper-scale configs: OLMo's Mitchell init (models/olmo_init.py)
 _VIT = dict(mlp="gelu", norm_layer="layernorm", norm_eps=1e-6, init="trunc_normal")
 _DIT = dict(mlp="gelu_tanh", norm_layer="layernorm", norm_eps=1e-6, init="xavier")
 
@@ -39,12 +40,12 @@ class Preset:
 # fmt: off
 PRESETS: dict[str, Preset] = {
     # --- language modeling ----------------------------------------------------------------------------------
-    "lm-1.3b":      Preset("lm", dict(dim=2048, depth=16, num_heads=16, mlp_hidden=8192, **_LM), dict(vocab_size=50304, max_seq_len=4096), 1.28e9),
-    "lm-390m-d10":  Preset("lm", dict(dim=1280, depth=10, num_heads=10, mlp_hidden=5120, **_LM), dict(vocab_size=50304), 3.9e8),
-    "lm-390m-d17":  Preset("lm", dict(dim=1024, depth=17, num_heads=8, mlp_hidden=4096, **_LM), dict(vocab_size=50304), 3.9e8),
-    "lm-390m-d33":  Preset("lm", dict(dim=768, depth=33, num_heads=6, mlp_hidden=3072, **_LM), dict(vocab_size=50304), 3.9e8),
-    "lm-390m-d80":  Preset("lm", dict(dim=512, depth=80, num_heads=4, mlp_hidden=2048, **_LM), dict(vocab_size=50304), 3.9e8),
-    "lm-moe-15a2b": Preset("lm", dict(dim=2048, depth=16, num_heads=16, moe_experts=64, moe_top_k=8, moe_hidden=2304, **_LM), dict(vocab_size=50304, max_seq_len=4096), 15e9),
+    "lm-1.3b":      Preset("lm", dict(dim=2048, depth=16, num_heads=16, mlp_hidden=8192, **_OLMO), dict(vocab_size=50304, max_seq_len=4096), 1.28e9),
+    "lm-390m-d10":  Preset("lm", dict(dim=1280, depth=10, num_heads=10, mlp_hidden=5120, **_OLMO), dict(vocab_size=50304), 3.9e8),
+    "lm-390m-d17":  Preset("lm", dict(dim=1024, depth=17, num_heads=8, mlp_hidden=4096, **_OLMO), dict(vocab_size=50304), 3.9e8),
+    "lm-390m-d33":  Preset("lm", dict(dim=768, depth=33, num_heads=6, mlp_hidden=3072, **_OLMO), dict(vocab_size=50304), 3.9e8),
+    "lm-390m-d80":  Preset("lm", dict(dim=512, depth=80, num_heads=4, mlp_hidden=2048, **_OLMO), dict(vocab_size=50304), 3.9e8),
+    "lm-moe-15a2b": Preset("lm", dict(dim=2048, depth=16, num_heads=16, moe_experts=64, moe_top_k=8, moe_hidden=2304, **_OLMO), dict(vocab_size=50304, max_seq_len=4096), 15e9),
     # the tiny presets are what configs/{lm,vit,dit}/tiny.yaml (and their overlays) train: tests/models/test_presets.py
     "lm-tiny":      Preset("lm", dict(dim=128, depth=4, num_heads=4, mlp_hidden=512, **_LM), dict(vocab_size=256, max_seq_len=128)),
     "lm-deep":      Preset("lm", dict(dim=64, depth=16, num_heads=4, mlp_hidden=256, **_LM), dict(vocab_size=256, max_seq_len=128)),

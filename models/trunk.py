@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from models.config import TrunkConfig
 from models.layers import AdaLNZero, Attention, Mlp, MoE, Routing, SwiGLU, modulate
+from models.olmo_init import input_std, olmo_normal_, output_std
 from models.recompute import recomputed
 from models.schemes import Readout, Scheme, Site, State, get_scheme
 
@@ -149,8 +150,10 @@ class Trunk(nn.Module):
     def init_weights(self) -> None:
         """Every init decision of the trunk, in one place.
 
-        1. Linear weights: trunc-normal / normal with ``init_std``, or xavier-uniform; biases zero.
-        2. GPT-2 recipe (``scaled_output_init``): residual output projections get ``std / sqrt(2L)``.
+        1. Linear weights: trunc-normal / normal with ``init_std``, xavier-uniform, or OLMo's truncated normals
+           (``mitchell``: ``1 / sqrt(d)``; ``olmo_normal``: ``init_std``; models/olmo_init.py); biases zero.
+        2. GPT-2 recipe (``scaled_output_init``): residual output projections get ``std / sqrt(2L)``; Mitchell's:
+           with ``init: mitchell`` block l's output projections get ``1 / sqrt(2 fan_in (l + 1))`` instead.
         3. The scheme's branch gain (DeepNorm's beta) scales value, attention-output and MLP weights.
         4. Norm scales start at 1 and shifts at 0 (their own defaults; DyT's alpha at its site's value);
            adaLN-Zero layers start at zero (``adaln_zero_init`` true or "blocks"), or (false: DyT's DiT port) keep
@@ -164,6 +167,8 @@ class Trunk(nn.Module):
                     nn.init.xavier_uniform_(m)
             elif cfg.init == "normal":
                 nn.init.normal_(w, std=cfg.init_std)
+            elif cfg.init in ("mitchell", "olmo_normal"):
+                olmo_normal_(w, input_std(cfg.dim) if cfg.init == "mitchell" else cfg.init_std)
             else:
                 nn.init.trunc_normal_(w, std=cfg.init_std)
 
@@ -175,8 +180,13 @@ class Trunk(nn.Module):
             elif isinstance(module, MoE):
                 init_matrix(module.w_in)
                 init_matrix(module.w_out)
+        if cfg.init == "mitchell" and cfg.scaled_output_init:
+            for layer_id, block in enumerate(self.blocks):
+                olmo_normal_(block.attn.proj.weight, output_std(cfg.dim, layer_id))  # attn_out
+                out = block.mlp.w_out if isinstance(block.mlp, MoE) else block.mlp.fc2.weight
+                olmo_normal_(out, output_std(out.shape[-2] if out.ndim == 3 else out.shape[-1], layer_id))  # ff_out
         gain = self.scheme.branch_init_gain(cfg.depth)
-        out_gain = gain / math.sqrt(2 * cfg.depth) if cfg.scaled_output_init else gain
+        out_gain = gain / math.sqrt(2 * cfg.depth) if cfg.scaled_output_init and cfg.init != "mitchell" else gain
         for block in self.blocks:
             block.attn.qkv.weight[cfg.dim + block.attn.kv_dim :].mul_(gain)  # the value rows of the fused QKV
             block.attn.proj.weight.mul_(out_gain)
