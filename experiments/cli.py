@@ -88,6 +88,7 @@ from experiments.reliability.layout import (
     task_name,
 )
 from experiments.reliability.run_lock import acquire_run_lock, record_holder, release_run_locks
+from experiments.reliability.signals import BoundedStop
 from fileio.atomic import atomic_write_bytes
 
 PROG = "python -m experiments"
@@ -155,6 +156,7 @@ class SuiteCLI(LightningCLI):
         # Callbacks every run gets, configurable as --summary.* / --divergence.*
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(DivergenceDetector, "divergence")
+        parser.add_lightning_class_args(BoundedStop, "interrupt")  # --interrupt.grace_s: a stop in bounded time
         # Values only the data knows, linked into every task that takes them.
         for source, target in [
             ("data.vocab_size", "model.init_args.vocab_size"),

@@ -21,8 +21,6 @@ import torch
 from annotated_types import Ge, Gt
 from lightning.pytorch.callbacks import Callback
 
-from experiments.reliability.signals import BoundedStop, bounded_stop
-
 
 class DivergenceDetector(Callback):
     """Stops a run whose training loss is non-finite or explodes; counts loss spikes.
@@ -53,12 +51,6 @@ class DivergenceDetector(Callback):
         self.history: deque[float] = deque(maxlen=window)
         self.spikes = 0
         self.diverged_at: int | None = None
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # Every run the CLI builds has this callback: until the CLI lists BoundedStop among its own callbacks,
-        # it joins the run here (once), so a stop signal ends a multi-process run in bounded time.
-        if bounded_stop(trainer) is None:
-            trainer.callbacks.append(BoundedStop())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs

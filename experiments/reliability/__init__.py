@@ -8,6 +8,7 @@ and failures reported in one line.
     checkpointing.py   atomic writes, --ckpt_path semantics, exact resume, SIGTERM / Ctrl-C
     signals.py         a stop signal on many ranks: the ranks' vote at each step, a deadline when they cannot meet
     sharded.py         sharded checkpoint folders: atomic saves with a manifest, read as untrusted input
+    summaries.py       a run's summary.json read back: every field a reader uses has its type, or one line
     errors.py          SuiteError and the one line every exception becomes (exit status 2, 130, 143)
 
 Belongs here: anything that decides whether a file a user hands in is read, where a run may write, and how

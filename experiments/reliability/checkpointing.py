@@ -43,6 +43,7 @@ from experiments.reliability.errors import CheckpointError
 from experiments.reliability.layout import trainer_run_dir
 from experiments.reliability.safe_load import checkpoint_problem, load_checkpoint
 from experiments.reliability.sharded import sharded_view
+from experiments.reliability.signals import note_stop
 from fileio import atomic_file, previous_dir
 
 INTERRUPTED_NAME = "interrupted.ckpt"
@@ -176,12 +177,14 @@ def resolve_checkpoint(ckpt_path: str, checkpoint_dir: Path, stage: str = "fit")
         if found is None:
             rank_zero_warn(f"--ckpt_path last: no readable checkpoint in {checkpoint_dir}{skipped}; starting afresh")
             return None
+        if found.is_dir() and (problem := checkpoint_problem(found, verify=True)):  # its shards hashed once, here
+            raise CheckpointError(f"--ckpt_path last: checkpoint {found} {problem}")
         verb = "resuming from" if stage == "fit" else f"{stage} uses"
         message = f"--ckpt_path last: {verb} {found}{skipped}"
         (rank_zero_warn if newer_broken else rank_zero_info)(message)
         return str(found)
     path = Path(ckpt_path)
-    problem = checkpoint_problem(path)
+    problem = checkpoint_problem(path, verify=True)  # a sharded folder's files hashed against its manifest
     if problem is None:
         return str(path)
     beside = newest_readable(path.parent, exclude=path) if problem != "does not exist" or path.parent.is_dir() else None
@@ -302,8 +305,8 @@ class ExactResume(Callback):
     The train sampler of the DataModule (``datamodule.train_sampler``, with ``state_dict`` /
     ``load_state_dict`` taking an ``offset``) gets its epoch and the number of samples already drawn
     from it, so the resumed epoch continues with the next unseen batch; the RNG states are put back
-    right before the first resumed step. Under DDP all ranks are seeded alike and draw alike, so rank
-    zero's RNG states stand for every rank.
+    right before the first resumed step. These are rank zero's; on several data-parallel ranks each rank's own
+    stream is restored after them by :class:`experiments.parallel.streams.RankStreams` (every task has it).
     """
 
     KEY = "exact_resume"
@@ -388,8 +391,9 @@ class InterruptCheckpoint(Callback):
         if trainer is None or self.signal_name is not None:
             raise KeyboardInterrupt  # the second Ctrl-C: stop now
         self.signal_name = "SIGINT"
-        # Lightning's own SIGTERM flag: it stops after the running step with a SIGTERMException.
-        trainer._signal_connector.received_sigterm = True
+        # Lightning's own SIGTERM flag (it stops after the running step with a SIGTERMException): through the ranks'
+        # vote on several processes, so every rank stops at the same step (experiments.reliability.signals)
+        note_stop(trainer, signal.SIGINT)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._previous_sigint is not None:

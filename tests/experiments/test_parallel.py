@@ -114,7 +114,7 @@ FAULTS = "tests.experiments.rank_faults"
 POISON = f"--trainer.callbacks+={FAULTS}.PoisonLoss"
 MAX_LOSS = 5.553
 SPLIT = ("--seed_everything=3", f"--divergence.max_loss={MAX_LOSS}")
-GRACE = ("--trainer.callbacks+=experiments.reliability.signals.BoundedStop", "--trainer.callbacks.grace_s=5")
+GRACE = ("--interrupt.grace_s=5",)
 STUCK = "--trainer.callbacks.stuck_s=600"
 
 
