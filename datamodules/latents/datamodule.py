@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.batching import check_global_batch, set_accumulation
 from datamodules.fingerprint import check_same_files
 from datamodules.latents.cache import META_FILE, LatentShards, read_latent_meta
 from datamodules.loaders import make_loader
@@ -51,7 +52,10 @@ class LatentDataModule(L.LightningDataModule):
 
     Args:
         cache_dir: Directory written by ``python -m datamodules.latents.encode``.
-        batch_size: Latents per batch.
+        batch_size: Latents per batch on each device (the micro-batch).
+        global_batch_size: Latents per optimizer step over all devices (DiT's 256), reached by accumulating
+            global / (batch_size x data-parallel replicas) micro-batches, which must be whole
+            (:mod:`datamodules.batching`); None steps after every micro-batch.
         num_workers: DataLoader worker processes.
         val_fraction: Fraction of the source images held out for validation.
         seed: Seed of the train/val split and of the training order (resumable mid-epoch).
@@ -62,6 +66,7 @@ class LatentDataModule(L.LightningDataModule):
         self,
         cache_dir: str,
         batch_size: int = 64,
+        global_batch_size: int | None = None,
         num_workers: int = 0,
         val_fraction: float = 0.02,
         seed: int = 1234,
@@ -70,11 +75,13 @@ class LatentDataModule(L.LightningDataModule):
         super().__init__()
         if batch_size <= 0 or num_workers < 0:
             raise ValueError(f"need batch_size > 0 and num_workers >= 0, got {batch_size=}, {num_workers=}")
+        check_global_batch(global_batch_size, batch_size)
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must lie in [0, 1)")
         self.save_hyperparameters()
         self.cache_dir = cache_dir
         self.batch_size, self.num_workers = batch_size, num_workers
+        self.global_batch_size = global_batch_size
         self.val_fraction, self.seed, self.random_flip = val_fraction, seed, random_flip
         self.meta = read_latent_meta(cache_dir)  # now, so a missing cache fails before any training
         self.shards: LatentShards | None = None
@@ -128,7 +135,9 @@ class LatentDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Opens the cache and splits it; under several ranks, checks first that every rank reads the same cache
-        (:mod:`datamodules.fingerprint`)."""
+        (:mod:`datamodules.fingerprint`). For fit, sets the trainer's accumulation for ``global_batch_size``."""
+        if stage in (None, "fit"):
+            set_accumulation(self.global_batch_size, self.batch_size, self.trainer)
         files = [s[key] for s in self.meta.shards for key in ("latents", "latents_flip", "labels") if s.get(key)]
         check_same_files(self.cache_dir, [META_FILE, *files], f"latent cache {self.cache_dir}")
         if self.shards is None:

@@ -27,6 +27,7 @@ import torch
 from annotated_types import Ge, Interval
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from datamodules.batching import check_global_batch, set_accumulation
 from datamodules.fingerprint import check_same_files
 from datamodules.loaders import make_loader
 from datamodules.samplers import ResumableSampler
@@ -69,7 +70,11 @@ class TextDataModule(L.LightningDataModule):
         tokenizer: "byte" (vocab 256) or "bpe" (byte-level BPE trained on the training text).
         bpe_vocab_size: BPE vocabulary size, also the model's vocab_size when tokenizer="bpe".
         seq_len: Context length; batches hold seq_len + 1 tokens per row.
-        batch_size: Rows per batch.
+        batch_size: Rows per batch on each device (the micro-batch).
+        global_batch_size: Rows per optimizer step over all devices (the number a recipe states, e.g. OLMo-1B's
+            2048), reached by accumulating global / (batch_size x data-parallel replicas) micro-batches, which
+            must be whole (:mod:`datamodules.batching`); None steps after every micro-batch (the Trainer's own
+            ``accumulate_grad_batches``).
         num_workers: DataLoader worker processes.
         val_fraction: Fraction of tokens (the part after train) used for validation.
         test_fraction: Fraction of tokens (the tail) used for test.
@@ -95,6 +100,7 @@ class TextDataModule(L.LightningDataModule):
         bpe_vocab_size: Annotated[int, Interval(ge=256, le=2**32 - 1)] = 4096,
         seq_len: Annotated[int, Ge(1)] = 128,
         batch_size: Annotated[int, Ge(1)] = 32,
+        global_batch_size: Annotated[int, Ge(1)] | None = None,
         num_workers: Annotated[int, Ge(0)] = 0,
         val_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.05,
         test_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.05,
@@ -112,6 +118,7 @@ class TextDataModule(L.LightningDataModule):
             check_bpe_vocab_size(bpe_vocab_size)
         _positive("seq_len", seq_len)
         _positive("batch_size", batch_size)
+        check_global_batch(global_batch_size, batch_size)
         _positive("train_samples_per_epoch", train_samples_per_epoch)
         _positive("eval_samples", eval_samples)
         if num_workers < 0:
@@ -131,6 +138,7 @@ class TextDataModule(L.LightningDataModule):
         self.bpe_vocab_size = bpe_vocab_size
         self.seq_len = seq_len
         self.batch_size = batch_size
+        self.global_batch_size = global_batch_size
         self.num_workers = num_workers
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
@@ -235,8 +243,11 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def setup(self, stage: str | None = None) -> None:
-        """Opens the shards of the splits `stage` needs and fixes the evaluation windows. Under several ranks,
-        checks first that every rank reads the same shards (:mod:`datamodules.fingerprint`)."""
+        """Sets the trainer's accumulation for ``global_batch_size`` (fit), opens the shards of the splits `stage`
+        needs and fixes the evaluation windows. Under several ranks, checks first that every rank reads the same
+        shards (:mod:`datamodules.fingerprint`)."""
+        if stage in (None, "fit"):
+            set_accumulation(self.global_batch_size, self.batch_size, self.trainer)
         directory = self.shard_dir
         self._meta = read_meta(directory)
         self._check_meta(self._meta)
