@@ -115,7 +115,10 @@ def parse_stages(raw: object, seeds: list[int], baseline: object, where: str) ->
     example = "stages: [3, 5, 8] with 8 seeds"
     if not isinstance(raw, list):
         raise OptionError(f"stages={raw!r} ({where}); valid: a list of seed counts, e.g. {example}")
-    stages = [_num(v, f"stages[{i}]", where, int, low=2) for i, v in enumerate(raw)]
+    stages = [_num(v, f"stages[{i}]", where, int) for i, v in enumerate(raw)]
+    for i, n in enumerate(stages):
+        if n < 2:
+            raise OptionError(f"stages[{i}]={raw[i]!r} ({where}); valid: 2 or more seeds per cell (a paired test)")
     if len(stages) < 2 or any(b <= a for a, b in zip(stages, stages[1:], strict=False)):
         raise OptionError(f"stages={raw!r} ({where}); valid: two or more increasing seed counts, e.g. {example}")
     if stages[-1] != len(seeds):

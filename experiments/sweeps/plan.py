@@ -22,6 +22,8 @@ from experiments.sweeps.cluster import SUBMITIT_DIR, sbatch_script
 from experiments.sweeps.estimate import Estimate, estimate, gpu_memory_of, memory_estimate, run_extra_args
 from experiments.sweeps.protocol import fresh_runs, group_of, picked_rates, read_tuning, tuning_runs
 from experiments.sweeps.spec import Run, SweepSpec, grid, sweep_dir_of
+from experiments.sweeps.stages import plan as stage_plan
+from experiments.sweeps.stages import read_stages
 
 
 def _count(value: float | None) -> str:
@@ -99,6 +101,16 @@ def _memory(spec: SweepSpec, run: Run, capacity: int, failures: dict[str, list[s
 def planned_runs(spec: SweepSpec) -> tuple[list[Run], str | None]:
     """The runs the sweep would launch, and a line on what follows that cannot be listed yet: a protocol's
     tuning runs (and its fresh runs once the rates are picked), or the whole grid."""
+    if spec.stages:
+        look, runs, launched = stage_plan(spec, read_stages(spec, sweep_dir_of(spec)))
+        if look is None:
+            return launched, "every look is decided: nothing left to run"
+        most = len(grid(spec)) - len(launched)
+        return runs, (
+            f"look {look} of {len(spec.stages)} ({spec.stages[look - 1]} seeds per cell; {len(launched) - len(runs)} "
+            f"run(s) of earlier looks not listed); then up to {most} more runs if every cell stays undecided, "
+            f"seeds per cell {spec.stages} (cap {spec.stages[-1]})"
+        )
     if not spec.protocol:
         return grid(spec), None
     tuning, record = tuning_runs(spec), read_tuning(spec, sweep_dir_of(spec))

@@ -74,6 +74,8 @@ from experiments.sweeps.spec import (  # noqa: F401
     sweep_dir_of,
     task_of,
 )
+from experiments.sweeps.stages import STAGES_TABLE, decide, read_stages
+from experiments.sweeps.stages import plan as stage_plan
 from experiments.sweeps.status import run_states, status_table, watch
 from fileio import atomic_write_text
 
@@ -209,6 +211,9 @@ def _submitit(
 def _known_runs(spec: SweepSpec, sweep_dir: Path) -> tuple[list[Run], list[Run]]:
     """(every run the sweep has planned so far, the runs its comparison reads): the grid, or a protocol's tuning
     runs and, once its rates are picked, the fresh runs."""
+    if spec.stages:
+        look, runs, launched = stage_plan(spec, read_stages(spec, sweep_dir))
+        return launched, launched
     if not spec.protocol:
         return grid(spec), grid(spec)
     record = read_tuning(spec, sweep_dir)
@@ -229,6 +234,43 @@ def _print_tuning(spec: SweepSpec, sweep_dir: Path) -> None:
     if spec.protocol and (record := read_tuning(spec, sweep_dir)) is not None:
         print(tuning_markdown(record), flush=True)
         print(f"{'tuning':>14}: {sweep_dir / TUNING_TABLE}", flush=True)
+
+
+def _print_stages(spec: SweepSpec, sweep_dir: Path) -> None:
+    if spec.stages and (sweep_dir / STAGES_TABLE).is_file():
+        print((sweep_dir / STAGES_TABLE).read_text(), flush=True)
+        print(f"{'stages':>14}: {sweep_dir / STAGES_TABLE}", flush=True)
+
+
+def _staged(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespace) -> list[str]:
+    """Look after look: the look's runs, its verdicts (recorded once), the undecided cells' next seeds; then the
+    comparison of every run so far. Returns crashed runs."""
+    crashed: list[str] = []
+    while True:
+        look, runs, launched = stage_plan(spec, read_stages(spec, sweep_dir))
+        write_record(spec, grid(spec), sweep_dir, args.sweep_file, compared=launched)
+        if look is None:
+            break
+        print(
+            f"sweep {spec.name}: look {look} of {len(spec.stages)}, {spec.stages[look - 1]} seeds per cell: "
+            f"{len(runs)} runs into {sweep_dir}",
+            flush=True,
+        )
+        if spec.submitit:
+            crashed += _submitit(spec, runs, sweep_dir, args, compare_after=False)
+        else:
+            statuses = run_locally(spec, runs, sweep_dir, args.restart)
+            crashed += [name for name, status in statuses.items() if status == "crashed"]
+        if not decide(spec, sweep_dir, look, runs, launched):
+            print(
+                f"sweep {spec.name}: look {look} waits for runs that have not ended (crashed, running or in use): "
+                f"run `python -m experiments sweep {args.sweep_file}` again",
+                flush=True,
+            )
+            return crashed
+    compare(spec, launched, sweep_dir)
+    _print_stages(spec, sweep_dir)
+    return crashed
 
 
 def _tune_then_compare(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespace) -> list[str]:
@@ -289,15 +331,21 @@ def main(argv: list[str] | None = None) -> int | None:
             else:
                 compare(spec, compared, sweep_dir, only_done=True)
                 _print_tuning(spec, sweep_dir)
+                _print_stages(spec, sweep_dir)
         return None
     crashed: list[str] = []
     for spec in specs:
         sweep_dir = sweep_dir_of(spec)
         if spec.protocol:
             read_tuning(spec, sweep_dir)  # picks made under another protocol: one line before anything is written
+        if spec.stages:
+            read_stages(spec, sweep_dir)  # looks recorded under other stages: likewise
         claim_sweep_dir(sweep_dir, spec.name, args.sweep_file)
         if spec.protocol:
             crashed += _tune_then_compare(spec, sweep_dir, args)
+            continue
+        if spec.stages:
+            crashed += _staged(spec, sweep_dir, args)
             continue
         runs = grid(spec)
         write_record(spec, runs, sweep_dir, args.sweep_file)

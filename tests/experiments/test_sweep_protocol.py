@@ -37,7 +37,8 @@ def fake_fit(calls: list[list[str]], losses: dict):
         opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
         scheme = Path(argv[argv.index("-c", argv.index("-c") + 1) + 1]).stem
         lr, seed = float(opts["model.init_args.optim.lr"]), int(opts["seed_everything"])
-        value = losses[(scheme, lr)][seed - 10] if seed >= 10 else FRESH[scheme] + seed / 100 + NOISE.get((scheme, seed), 0)
+        fresh = FRESH.get(scheme, 0) + seed / 100 + NOISE.get((scheme, seed), 0)
+        value = losses[(scheme, lr)][seed - 10] if seed >= 10 else fresh
         run_dir = Path(opts["runs_root"]) / "lm" / opts["experiment"] / opts["run_name"]
         run_dir.mkdir(parents=True, exist_ok=True)
         val = {} if value is None else {"val/loss": value}
@@ -55,8 +56,13 @@ def protocol_spec(tmp_path: Path, **protocol) -> Path:
         tmp_path,
         schemes=["pre", "post", "siamese"],
         baseline="pre",
-        protocol={"kind": "tune_then_compare", "lrs": LRS, "tuning_seeds": [10, 11], "fresh_seeds": [1, 2, 3],
-                  **protocol},  # fmt: skip
+        protocol={
+            "kind": "tune_then_compare",
+            "lrs": LRS,
+            "tuning_seeds": [10, 11],
+            "fresh_seeds": [1, 2, 3],
+            **protocol,
+        },  # fmt: skip
     )
 
 
