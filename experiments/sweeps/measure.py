@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from experiments.results.cells import PRIMARY
+from experiments.results.cells import OK, PRIMARY, group
 
 
 def last_evaluations(summary: dict, metric: str, k: int) -> list[float]:
@@ -45,3 +45,47 @@ def metric_values(comparison, k: int) -> dict[str, tuple[float | None, float | N
         row["run"]: run_value(comparison.summaries.get(row["run"], {}), row.get(PRIMARY), comparison.metric, k)
         for row in comparison.table
     }
+
+
+MEASUREMENT_TABLE = "measurement.md"
+
+
+def with_last_evals(comparison, k: int):
+    """The comparison with every run's value replaced by the mean of its last ``k`` validations (and its
+    measurement SD under ``measurement_sd``), the cells regrouped: what the tables are written from."""
+    values = metric_values(comparison, k)
+    for row in comparison.table:
+        row[PRIMARY], row["measurement_sd"] = values[row["run"]]
+    comparison.cells = group(comparison.table)
+    return comparison
+
+
+def spread_markdown(comparison, k: int) -> str:
+    """``measurement.md``: per cell the seed spread (SD over seeds of the runs' values) beside the measurement's
+    own spread (the runs' SDs over their last ``k`` validations, pooled as a root mean square)."""
+    lines = [
+        f"## {comparison.metric}: mean of each run's last {k} validations; seed spread vs measurement spread",
+        "",
+        "| cell | n | mean | SD over seeds | SD over a run's last evaluations (pooled) | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for cell in comparison.cells:
+        runs = [r for r in cell.runs if r.get("status") == OK and r.get(PRIMARY) is not None]
+        values = [float(r[PRIMARY]) for r in runs]
+        within = [float(r["measurement_sd"]) for r in runs if r.get("measurement_sd") is not None]
+        seed_sd = statistics.stdev(values) if len(values) > 1 else None
+        pooled = math.sqrt(statistics.fmean(s * s for s in within)) if within else None
+        ratio = f"{pooled / seed_sd:.2g}" if seed_sd and pooled is not None else "-"
+        name = "-".join(str(v) for _, v in cell.key if v is not None)
+        mean = f"{statistics.fmean(values):.4f}" if values else "-"
+        lines.append(f"| {name} | {len(values)} | {mean} | {_sd(seed_sd)} | {_sd(pooled)} | {ratio} |")
+    lines += [
+        "",
+        "ratio = measurement SD / seed SD: near 1 or above, the evaluation's own noise is a large part of the seed "
+        "spread, and a longer validation (more batches) narrows the comparison more cheaply than more seeds.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _sd(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

@@ -131,8 +131,16 @@ def parse_stages(raw: object, seeds: list[int], baseline: object, where: str) ->
     return stages
 
 
-def parse_last_evals(raw: object, where: str) -> int:
-    """The checked ``last_evals`` (1 when absent)."""
+def parse_last_evals(raw: object, metric: object, where: str) -> int:
+    """The checked ``last_evals`` (1 when absent); above 1 only for a validation metric (``val/...``: a test
+    metric is measured once)."""
     if raw is None:
         return 1
-    return int(_num(raw, "last_evals", where, int, low=1, high=MAX_LAST_EVALS))
+    k = int(_num(raw, "last_evals", where, int))
+    if not 1 <= k <= MAX_LAST_EVALS:
+        raise OptionError(f"last_evals={raw!r} ({where}); valid: 1 to {MAX_LAST_EVALS} validations")
+    if k > 1 and not (isinstance(metric, str) and metric.startswith("val/")):
+        raise OptionError(
+            f"last_evals={k} with metric={metric!r} ({where}); valid: a val/ metric (a test is measured once), or 1"
+        )
+    return k

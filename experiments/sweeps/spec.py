@@ -265,7 +265,7 @@ def _build(raw: dict, where: str, overrides: dict[str, dict]) -> SweepSpec:
     kwargs["stages"] = parse_stages(raw.get("stages"), kwargs["seeds"], raw.get("baseline"), where)
     if kwargs["stages"] and protocol is not None:
         raise SpecError(f"stages beside protocol ({where}); valid: one of the two in a sweep")
-    kwargs["last_evals"] = parse_last_evals(raw.get("last_evals"), where)
+    kwargs["last_evals"] = parse_last_evals(raw.get("last_evals"), raw.get("metric", "val/loss"), where)
     given = overrides.get("budget", {})
     kwargs["budget"] = _budget({**_mapping(raw, "budget", where), **given}, where, given)
     launcher, given = _mapping(raw, "launcher", where), overrides.get("launcher", {})

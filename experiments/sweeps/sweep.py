@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from experiments.reliability.errors import USAGE_ERROR, ArgumentParser, SuiteError
-from experiments.results.compare import write_comparison
+from experiments.results.compare import load_comparison, write_comparison, write_tables
 from experiments.results.runs import SWEEP_RECORD
 from experiments.results.tb_layout import comparison_url
 from experiments.sweeps.cluster import Submission
@@ -51,6 +51,7 @@ from experiments.sweeps.launchers import (  # noqa: F401 - the names the sweep h
     run_locally,
     run_one,
 )
+from experiments.sweeps.measure import MEASUREMENT_TABLE, spread_markdown, with_last_evals
 from experiments.sweeps.ownership import SWEEP_MARKER, claim_sweep_dir
 from experiments.sweeps.plan import dry_run
 from experiments.sweeps.protocol import (
@@ -150,7 +151,14 @@ def compare(spec: SweepSpec, runs: list[Run], sweep_dir: Path, only_done: bool =
             print(f"sweep {spec.name}: no run has finished yet; nothing to compare", flush=True)
             return
     outputs = write_comparison(sweep_dir, names, spec.metric)
+    if spec.last_evals > 1:  # the tables again, from the mean of each run's last evaluations, and their spread
+        comparison = with_last_evals(load_comparison(sweep_dir, names, spec.metric), spec.last_evals)
+        outputs.update(write_tables(sweep_dir, comparison))
+        outputs["measurement"] = sweep_dir / MEASUREMENT_TABLE
+        atomic_write_text(outputs["measurement"], spread_markdown(comparison, spec.last_evals))
     print(outputs["markdown"].read_text())
+    if "measurement" in outputs:
+        print(outputs["measurement"].read_text())
     for kind, path in outputs.items():
         print(f"{kind:>14}: {path}")
     print(f"   tensorboard: {_tensorboard()} --logdir {sweep_dir}")
