@@ -47,14 +47,23 @@ def recomputed(
     kind, names = type(state), state._fields
     inside = tuple(names if reads is None else reads)
     outside = {name: getattr(state, name) for name in names if name not in inside}
+    # A field may be a tuple of tensors (Attention Residuals' sources): each goes in as a tensor of its own
+    lengths = [len(v) if isinstance(v, tuple) else None for v in (getattr(state, name) for name in inside)]
+    parts = [t for name in inside for t in _flat(getattr(state, name))]
 
-    def region(*parts):
-        partial = kind(**dict(zip(inside, parts, strict=False)), **dict.fromkeys(outside))
-        return fn(partial, *parts[len(inside) :])
+    def region(*flat):
+        fields, at = {}, 0
+        for name, length in zip(inside, lengths, strict=True):
+            fields[name] = flat[at] if length is None else tuple(flat[at : at + length])
+            at += 1 if length is None else length
+        return fn(kind(**fields, **dict.fromkeys(outside)), *flat[at:])
 
-    parts = [getattr(state, name) for name in inside]
     out = checkpoint(region, *parts, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state)
     if not outside:
         return out
     value, new_state = out
     return value, new_state._replace(**outside)
+
+
+def _flat(value: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)

@@ -21,9 +21,19 @@ block 0) and, past the first sublayer of its block, the current block's partial 
 Full AttnRes is Block AttnRes with blocks of one sublayer. Readout: one more AttnRes over every source with its
 own zero-initialized pseudo-query and key norm, then ``N_f``.
 
-State: :class:`DepthSources`, the completed blocks stacked ``(K, B, N, D)`` and the current block's partial sum
-``(B, N, D)`` (ignored at a block's first sublayer, which replaces it), threaded through ``prepare`` / ``update``
-like every other scheme's state.
+State: :class:`DepthSources`, the completed blocks as a tuple of K ``(B, N, D)`` tensors and the current block's
+partial sum ``(B, N, D)`` (ignored at a block's first sublayer, which replaces it), threaded through ``prepare`` /
+``update`` like every other scheme's state.
+
+Memory, linear in depth: each source is stored once, as the tensor its sublayer produced; a new block extends the
+tuple (no copy of the earlier sources). A sublayer stacks its K sources ``(K, B, N, D)`` inside its prologue,
+which ``recompute_norms`` (``"auto"``: on, ``recompute_wins``) or whole-block activation checkpointing recompute
+in backward, so the stack and the keys ``N_k(V)`` live only while that sublayer runs: what backward keeps is the
+sources themselves (``sum_k |b_k|``, linear), where concatenating the blocks into a new ``(K + 1, ...)`` tensor at
+every block (the earlier form) kept one such tensor per block (quadratic). With ``recompute_norms: false`` and no
+activation checkpointing, every sublayer keeps its own stack and keys for backward: quadratic by nature (each
+sublayer's keys are its own key norm of all K sources); the compute, K sources read by each of the ~2L
+sublayers, is quadratic in any form.
 
 Source: the repository MoonshotAI/Attention-Residuals could not be fetched here; implemented from the paper's
 equations and the README's published PyTorch pseudocode (``block_attn_res``: ``V = stack(blocks + [partial])``,
@@ -66,18 +76,18 @@ class AttnResSite(Scheme):
             self.recompute_wins = True
 
     def init_state(self, h: Tensor) -> DepthSources:
-        return DepthSources(h.unsqueeze(0), h)  # b_0 = the embedding; no open block yet
+        return DepthSources((h,), h)  # b_0 = the embedding; no open block yet
 
     def prepare(self, state: DepthSources) -> tuple[Tensor, DepthSources]:
         if self.first:
             return self.norm(state.blocks[0]), state  # h_0 = the embedding
-        sources = state.blocks if self.opens_block else torch.cat([state.blocks, state.partial.unsqueeze(0)])
-        return self.norm(depth_attention(sources, self.query, self.key_norm)), state
+        sources = state.blocks if self.opens_block else (*state.blocks, state.partial)
+        return self.norm(depth_attention(torch.stack(sources), self.query, self.key_norm)), state
 
     def update(self, state: DepthSources, out: Tensor) -> DepthSources:
         partial = out if self.opens_block else state.partial + out
         if self.closes_block:
-            return DepthSources(torch.cat([state.blocks, partial.unsqueeze(0)]), partial)
+            return DepthSources((*state.blocks, partial), partial)  # the new source joins; nothing is copied
         return DepthSources(state.blocks, partial)
 
 
@@ -92,10 +102,10 @@ class AttnResReadout(Readout):
         self.recompute_wins = True
 
     def forward(self, state: DepthSources) -> Tensor:
-        return self.norm_f(depth_attention(state.blocks, self.query, self.key_norm))
+        return self.norm_f(depth_attention(torch.stack(state.blocks), self.query, self.key_norm))
 
     def streams(self, state: DepthSources) -> dict[str, Tensor]:
-        return {f"b{i}": self.norm_f(b) for i, b in enumerate(state.blocks.unbind(0))}
+        return {f"b{i}": self.norm_f(b) for i, b in enumerate(state.blocks)}
 
 
 @register(NormScheme.ATTN_RES)

@@ -70,10 +70,11 @@ class HybridDual(NamedTuple):
 
 
 class DepthSources(NamedTuple):
-    """Attention Residuals' state: the completed blocks ``(K, B, N, D)`` (the embedding first) and the open block's
-    partial sum ``(B, N, D)``."""
+    """Attention Residuals' state: the completed blocks, a tuple of K ``(B, N, D)`` tensors (the embedding first),
+    each stored once and never copied into a stack that outlives a sublayer, and the open block's partial sum
+    ``(B, N, D)``."""
 
-    blocks: Tensor
+    blocks: tuple[Tensor, ...]
     partial: Tensor
 
 

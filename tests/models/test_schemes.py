@@ -435,7 +435,7 @@ def test_attn_res_at_init_reads_the_mean_of_its_sources():
     inp, state = s0.prepare(s0.init_state(h))
     torch.testing.assert_close(inp, ref.norm(h, "rmsnorm", 1e-6, s0.norm.weight))
     state = s0.update(state, o)
-    assert state.blocks.shape == (2, BATCH, TOKENS, D)  # Full: o_0 is a source of its own
+    assert len(state.blocks) == 2 and state.blocks[1] is o  # Full: o_0 is a source of its own, stored as is
     inp, _ = s1.prepare(state)
     torch.testing.assert_close(inp, ref.norm((h + o) / 2, "rmsnorm", 1e-6, s1.norm.weight))
 
