@@ -9,6 +9,7 @@ sees a fresh order. A checkpoint stores ``{"seed", "epoch", "offset"}`` (see
 after the batches that remained.
 
     RandomPermutationSampler   each epoch a permutation of the dataset (images, latents)
+    RepeatedAugmentationSampler  DeiT's repeated augmentation: each drawn image 3 times, on different ranks
     RandomWindowSampler        (datamodules.text.windows) starts drawn with replacement (token windows)
 """
 
@@ -22,7 +23,13 @@ import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import Sampler
 
-__all__ = ["RandomPermutationSampler", "ResumableSampler", "epoch_seed", "shard_over_ranks"]
+__all__ = [
+    "RandomPermutationSampler",
+    "RepeatedAugmentationSampler",
+    "ResumableSampler",
+    "epoch_seed",
+    "shard_over_ranks",
+]
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -80,6 +87,40 @@ class RandomPermutationSampler(ResumableSampler):
 
     def draw(self, generator: torch.Generator) -> list[int]:
         return torch.randperm(self.num_samples, generator=generator).tolist()
+
+
+class RepeatedAugmentationSampler(ResumableSampler):
+    """DeiT's repeated augmentation (facebookresearch/deit, samplers.py ``RASampler``; timm's ``RepeatAugSampler``).
+
+    Each epoch permutes the dataset, repeats every index ``repeats`` times in a row, and keeps the first
+    ``replicas * floor(floor(N / 256) * 256 / replicas)`` items: as DeiT, an epoch is about N samples (N rounded down
+    to a multiple of 256, then to a multiple of the ranks), so it shows about N / repeats distinct images, each
+    ``repeats`` times. Rank r takes items r, r + W, ... (:func:`shard_over_ranks`), so the copies of an image land on
+    neighbouring ranks, each transformed by its own rank's random stream (DeiT's point: different augmentations of
+    one image in one optimizer step). The draw is seeded by (seed, epoch) and resumable like every sampler here.
+
+    Args:
+        dataset_size: Images in the training split (N).
+        repeats: Copies of each drawn image (DeiT: 3).
+        replicas: Data-parallel ranks the epoch is split over (W); the epoch length depends on it, as DeiT's.
+        seed: Base seed.
+    """
+
+    def __init__(self, dataset_size: int, repeats: int = 3, replicas: int = 1, seed: int = 0) -> None:
+        if repeats < 1 or replicas < 1:
+            raise ValueError(f"repeats={repeats} and replicas={replicas} must be positive")
+        self.dataset_size, self.repeats, self.replicas = dataset_size, repeats, replicas
+        per_rank = dataset_size // 256 * 256 // replicas  # DeiT's num_selected_samples
+        if per_rank == 0:
+            raise ValueError(
+                f"repeated augmentation needs at least 256 training images per {replicas} rank(s) (DeiT's epoch "
+                f"is floor(N / 256) * 256 samples); the split holds {dataset_size}"
+            )
+        super().__init__(per_rank * replicas, seed)
+
+    def draw(self, generator: torch.Generator) -> list[int]:
+        order = torch.randperm(self.dataset_size, generator=generator)
+        return torch.repeat_interleave(order, self.repeats)[: self.num_samples].tolist()
 
 
 def shard_over_ranks(sampler: Sampler[int], trainer: Any | None) -> Sampler[int]:

@@ -32,9 +32,10 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
+from datamodules.batching import data_parallel_replicas
 from datamodules.fingerprint import check_same_items
 from datamodules.loaders import make_loader
-from datamodules.samplers import RandomPermutationSampler
+from datamodules.samplers import RandomPermutationSampler, RepeatedAugmentationSampler
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming", "random")
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
@@ -134,6 +135,10 @@ class ImageFolderDataModule(L.LightningDataModule):
         eval_crop_pct: Center-crop fraction at eval (resize to image_size / eval_crop_pct first).
         pin_memory: Page-locked batches for faster host-to-GPU copies.
         seed: Seed of the training order (a fresh permutation per epoch, resumable mid-epoch).
+        repeated_augmentation: DeiT's repeated augmentation when above 1: each epoch draws about N / k images and
+            shows each k times, on neighbouring ranks with their own random augmentations, in an epoch of about N
+            samples (:class:`~datamodules.samplers.RepeatedAugmentationSampler`; DeiT uses 3). 1 reads every image
+            once per epoch.
     """
 
     def __init__(
@@ -150,6 +155,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         eval_crop_pct: Annotated[float, Interval(gt=0, le=1)] = 0.875,
         pin_memory: bool = True,
         seed: int = 0,
+        repeated_augmentation: Annotated[int, Ge(1)] = 1,
     ) -> None:
         super().__init__()
         for name, value in (("image_size", image_size), ("batch_size", batch_size)):
@@ -164,6 +170,8 @@ class ImageFolderDataModule(L.LightningDataModule):
             )
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
+        if repeated_augmentation < 1:
+            raise ValueError(f"repeated_augmentation={repeated_augmentation} must be >= 1 (1: off; DeiT: 3)")
         if not 0.0 <= re_prob <= 1.0:
             raise ValueError(f"re_prob={re_prob} must lie in [0, 1]")
         if color_jitter < 0:
@@ -180,7 +188,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.seed = seed
-        self.train_sampler: RandomPermutationSampler | None = None
+        self.repeated_augmentation = repeated_augmentation
+        self.train_sampler: RandomPermutationSampler | RepeatedAugmentationSampler | None = None
         # Built now so a bad policy string fails at construction, not hours later in a worker.
         try:
             self.train_transform = create_transform(
@@ -281,12 +290,18 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.batch_size = self.per_device_batch_size()
         if stage in (None, "fit") and self.train_dataset is None:
             self.train_dataset = self._folder("train", self.train_transform)
-            self.train_sampler = RandomPermutationSampler(len(self.train_dataset), self.seed)
+            self.train_sampler = self._train_order(len(self.train_dataset))
         if self.val_dataset is None:
             self.val_dataset = self._folder("val", self.eval_transform)
         datasets = [d.dataset for d in (self.train_dataset, self.val_dataset) if d is not None]
         images = (f"{os.path.relpath(p, self.root)}\t{c}\t{os.path.getsize(p)}" for d in datasets for p, c in d.samples)
         check_same_items(images, f"image folder {self.root}")
+
+    def _train_order(self, size: int) -> RandomPermutationSampler | RepeatedAugmentationSampler:
+        if self.repeated_augmentation == 1:
+            return RandomPermutationSampler(size, self.seed)
+        replicas = data_parallel_replicas(self.trainer)
+        return RepeatedAugmentationSampler(size, self.repeated_augmentation, replicas, self.seed)
 
     def teardown(self, stage: str) -> None:
         if self.num_broken_images:
