@@ -33,8 +33,9 @@ def test_obrien_fleming_spending_function():
     assert spent(1.0, 0.05) == pytest.approx(0.05, rel=1e-12)
     assert spent(1 / 3, 0.05) == pytest.approx(2 * scipy_stats.norm.sf(z * math.sqrt(3)), rel=1e-12)
     assert spent(0.5, 0.05, sides=1) == pytest.approx(scipy_stats.norm.sf(scipy_stats.norm.ppf(0.95) * math.sqrt(2)))
-    with pytest.raises(ValueError):
-        spent(0.0, 0.05)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=f"information fraction {bad}; valid: 0 < t <= 1"):
+            spent(bad, 0.05)
 
 
 @pytest.mark.parametrize("fractions", [FRACTIONS, [3 / 8, 5 / 8, 1.0], [0.2, 0.5, 0.7, 1.0]])
@@ -58,13 +59,15 @@ def test_three_equal_looks_and_the_one_sided_boundaries():
     upper = scipy_stats.multivariate_normal(cov=_correlation(FRACTIONS), abseps=1e-7, releps=1e-7).cdf(c)
     assert 1 - upper == pytest.approx(0.05, abs=5e-6)
     assert look_thresholds(2, FRACTIONS, 0.05) == pytest.approx((levels[1], nominal_levels(FRACTIONS, 0.05, 1)[1]))
-    for bad in ([0.5, 0.5, 1.0], [0.0, 1.0], [0.5, 1.2]):
-        with pytest.raises(ValueError):
+    for bad in ([0.5, 0.5, 1.0], [0.6, 0.5, 1.0], [0.0, 1.0], [0.5, 1.2], []):
+        with pytest.raises(ValueError, match="valid: increasing, within"):
             boundaries(bad, 0.05)
+    with pytest.raises(ValueError, match="sides 3"):
+        boundaries(FRACTIONS, 0.05, sides=3)
     assert look_thresholds(3, FRACTIONS, 0.05) == pytest.approx((0.04388, 0.04162), abs=2e-5)
     assert look_thresholds(1, FRACTIONS, 0.05) == pytest.approx((0.000687, 0.002193), abs=2e-6)
     for look in (0, 4):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=f"look {look}; valid: 1 to 3"):
             look_thresholds(look, FRACTIONS, 0.05)
 
 
@@ -76,8 +79,9 @@ def test_wortsman_lr_sensitivity_and_the_largest_stable_rate():
     assert lr_sensitivity(final, initial) == pytest.approx(expected, rel=1e-12)
     assert lr_sensitivity({1e-3: 2.0, 1e-2: 2.0}, initial) == 0.0
     assert largest_stable_lr(final) == 3e-2 and largest_stable_lr({1e-2: None, 1e-1: math.nan}) is None
-    with pytest.raises(ValueError):
-        lr_sensitivity({}, initial)
+    for bad_grid, bad_initial in (({}, initial), (final, math.inf)):
+        with pytest.raises(ValueError, match="needs a grid of rates and a finite initial loss"):
+            lr_sensitivity(bad_grid, bad_initial)
 
 
 def test_compute_multiplier_interpolates_in_log_steps():
@@ -93,6 +97,8 @@ def test_compute_multiplier_interpolates_in_log_steps():
     for bad in (([1.0, 1.0], [2.0, 1.9]), ([1.0], [2.0]), ([1.0, 2.0], [2.0]), ([0.0, 1.0], [2.0, 1.9])):
         with pytest.raises(ValueError):
             compute_multiplier(*bad, 1.95)
+    with pytest.raises(ValueError, match="valid: two or more increasing positive multiples"):
+        compute_multiplier([1.0, 2.0], [2.0], 1.95)
 
 
 def test_multiplier_interval_is_the_t_interval_of_the_logs():
@@ -101,7 +107,9 @@ def test_multiplier_interval_is_the_t_interval_of_the_logs():
     half = scipy_stats.t.ppf(0.975, 2) * logs.std(ddof=1) / math.sqrt(3)
     got = multiplier_interval(per_seed)
     assert got == pytest.approx((math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)))
-    assert multiplier_interval([1.2, None]) is None
+    assert multiplier_interval([1.2, None]) is None and multiplier_interval([1.2, 0.0, math.inf]) is None
+    low_two = multiplier_interval([0.8, 0.9])  # two seeds suffice; multipliers below 1 (the scheme behind) count
+    assert low_two is not None and low_two[0] == pytest.approx(math.sqrt(0.72))
 
 
 def test_null_sweeps_keep_the_family_wise_error_at_alpha():
