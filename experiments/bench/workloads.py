@@ -19,7 +19,9 @@ from models.presets import PRESETS
 Task = Literal["lm", "moe", "vit", "dit"]
 TASKS: tuple[Task, ...] = ("lm", "vit", "dit")  # what ``--task all`` runs
 LM_TASKS: tuple[Task, ...] = ("lm", "moe")  # token workloads: a LanguageModel, dense or mixture of experts
-MOE_AUX_WEIGHT = 0.01  # the load-balancing loss in the MoE's training loss, as configs/lm/moe-tiny.yaml
+MOE_AUX_WEIGHT = (
+    0.04  # the load-balancing loss (mean over MoE layers) in the training loss, as configs/lm/moe-tiny.yaml
+)
 Batch = tuple[Tensor, ...]
 LossFn = Callable[[nn.Module, Batch], Tensor]
 
@@ -139,7 +141,7 @@ def lm_loss(forward: Callable[[Tensor], Tensor]) -> LossFn:
 def moe_loss(model: nn.Module, batch: Batch) -> Tensor:
     """Next-token cross-entropy plus the weighted load-balancing loss: what an MoE LM trains on."""
     logits, routing = model(batch[0][:, :-1], return_aux=True)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch[0][:, 1:].flatten()) + MOE_AUX_WEIGHT * routing.loss
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch[0][:, 1:].flatten()) + MOE_AUX_WEIGHT * routing.mean_loss
 
 
 def vit_loss(model: nn.Module, batch: Batch) -> Tensor:

@@ -104,7 +104,13 @@ def load_suite_export(model: LanguageModel, directory: str | Path) -> LanguageMo
     """
     config, state = read_suite_export(directory)
     problems = trunk_differences(config["trunk"], model.cfg)
-    if int(config.get("vocab_size", -1)) != model.vocab_size:
+    vocab_size = config.get("vocab_size")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise ValueError(
+            f"{str(Path(directory) / 'config.json')!r}: vocab_size is {vocab_size!r}, not a whole number; valid: the "
+            "config.json export wrote"
+        )
+    if vocab_size != model.vocab_size:
         problems.append(f"vocab_size: {config.get('vocab_size')} in the export, {model.vocab_size} here")
     tied = model.head.weight is model.embed.weight
     if bool(config.get("tie_word_embeddings")) != tied:
