@@ -97,7 +97,7 @@ def test_paper_table1_dry_run_lists_30_jobs_with_their_compute(monkeypatch, caps
     sweep.main(["sweep", "configs/sweeps/paper-table1.yaml", "--dry-run", "--no-memory"])  # memory: minutes
     out = capsys.readouterr().out
     assert "sweep paper-table1 (configs/sweeps/paper-table1.yaml): 30 jobs" in out
-    steps = math.ceil(1e11 / (8 * 32 * 2048))  # 100B tokens at the config's 0.5M tokens per step
+    steps = math.ceil(1e11 / (2048 * 2048))  # 100B tokens at the config's global batch, 2,048 x 2,048 tokens
     rows = re.findall(rf"^\s+\d+\s+(\S+-lr\S+)\s+1\.28B\s+{steps:,}\s+100B\s+(\S+)\s+(\S+)", out, re.MULTILINE)
     assert len(rows) == 30 and len({name for name, *_ in rows}) == 30
     flops = float(rows[0][1])  # 6 N D with N the non-embedding parameters (~1.18B)
