@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.fsdp import FSDPModule
 
 from experiments.monitoring.hparams import declare_hparams
 from experiments.monitoring.throughput import Throughput
@@ -84,6 +85,15 @@ class TaskModule(L.LightningModule):
         # parallelism: the experts' gradients averaged (before clipping).
         if self._device_mesh is not None:
             sync_grads(self.net, self._device_mesh)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        """Gradient accumulation under FSDP2: Lightning's ``no_sync`` covers DDP only, so FSDP2 would reduce-scatter
+        after every micro-batch. Its gradient sync is turned off for the micro-batches that only accumulate and on
+        for the one the optimizer steps after (Lightning's own decision, made before this hook)."""
+        net = getattr(self, "net", None)
+        if self._device_mesh is None or not isinstance(net, FSDPModule):
+            return
+        net.set_requires_gradient_sync(not self.trainer.fit_loop.epoch_loop._should_accumulate())
 
     @property
     def scheme(self) -> str:

@@ -9,7 +9,7 @@ Three launches of tests/experiments/parallel_worker.py share the cost of startin
               fits: FSDP2 and TP for pre, TP for siamese; TP killed by SIGTERM -> resumed (against the
               uninterrupted TP run);
               C resumed on 2 (1 -> 2); part run A (FSDP2); ViT and DiT under FSDP2 beside DDP, DiT under TP;
-              the MoE with and without expert parallelism
+              the MoE with and without expert parallelism; a global batch of 8 as 2 ranks x 2 micro-batches of 2
     world 1   A resumed on one process (2 -> 1)
 
 Tolerances: gradients of one step within 1e-5 of each parameter's largest (floored at 1e-3 of the largest of
@@ -118,6 +118,12 @@ GRACE = ("--interrupt.grace_s=5",)
 STUCK = "--trainer.callbacks.stuck_s=600"
 
 
+def accumulate(run: Path, global_batch: int) -> tuple[str, ...]:
+    """A global batch (accumulated micro-batches), each rank recording when FSDP2 syncs into ``run/probe``."""
+    probe = "--trainer.callbacks+=tests.experiments.grad_sync_probe.GradSyncProbe"
+    return f"--data.init_args.global_batch_size={global_batch}", probe, f"--trainer.callbacks.out={run / 'probe'}"
+
+
 def record(run: Path) -> tuple[str, ...]:
     return f"--trainer.callbacks+={FAULTS}.RankRecord", f"--trainer.callbacks.out={run / 'ranks'}"
 
@@ -205,7 +211,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     r = {name: root / name for name in (
         "one", "one_siamese", "fsdp", "tp", "tp_siamese", "tp_part", "part_c", "part_a",
         "vit_fsdp", "vit_ddp", "dit_fsdp", "dit_ddp", "dit_tp", "moe_fsdp", "moe_ep",
-        "dit_one", "dit_part", "denied", "nan", "split", "held", "held_val", "stuck", "launch")}  # fmt: skip
+        "dit_one", "dit_part", "denied", "nan", "split", "held", "held_val", "stuck", "launch", "accum")}  # fmt: skip
     main(lm(r["one"], corpus, 8, STEPS, "pre", *DIAG))  # one process, batch 8, the default strategy
     main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
     one = [
@@ -248,6 +254,8 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
                 "--model.init_args.parallel.expert_parallel=true",
             )
         ),
+        # the global batch of 8 as 2 FSDP2 ranks x 2 micro-batches of 2, each rank recording when FSDP2 syncs
+        fit(lm(r["accum"], corpus, 2, STEPS, "pre", *strategy(2, 1), *accumulate(r["accum"], 8))),
         # rank 1 cannot create the folder of the first sharded save (step PART): both ranks stop with one line
         {
             **fit(lm(r["denied"], corpus, 4, STEPS, "pre", *strategy(2, 1))),
@@ -306,6 +314,19 @@ def test_fsdp2_and_tensor_parallel_fits_follow_the_one_process_run(ran: dict):
     close(curve(ran["fsdp"]), one)  # 2 ranks x batch 4
     close(curve(ran["tp"]), one)  # 2 ranks, one batch of 8 split along the sequence
     close(curve(ran["tp_siamese"]), curve(ran["one_siamese"])[:PART])
+
+
+def test_two_ranks_accumulating_two_micro_batches_follow_one_process_on_the_global_batch(ran: dict):
+    """global_batch_size 8 on 2 FSDP2 ranks with micro-batches of 2: 2 accumulation steps, the same 8 rows and losses
+    per optimizer step as one process with batch 8 (the logged curve holds each micro-batch's loss over the ranks:
+    their mean per step), and FSDP2 reduce-scatters only after the last micro-batch of each step."""
+    micro = curve(ran["accum"])
+    assert len(micro) == 2 * STEPS
+    close([(a + b) / 2 for a, b in zip(micro[::2], micro[1::2], strict=True)], curve(ran["one"]))
+    for rank in (0, 1):
+        probe = json.loads((ran["accum"] / "probe" / f"rank{rank}.json").read_text())
+        assert probe["accumulate"] == 2 and probe["step"] == STEPS
+        assert probe["synced"] == [False, True] * STEPS, rank  # no reduce-scatter after the first micro-batch
 
 
 def scalars(run: Path, prefix: str) -> dict[str, dict[int, float]]:
