@@ -145,3 +145,22 @@ def test_spread_check_is_brown_forsythe_and_undefined_without_two_groups():
     assert ref != pytest.approx(scipy_stats.levene(*groups.values(), center="mean").pvalue, rel=1e-3)
     assert spread_check({"a": [0.1, 0.2], "b": [0.3]}) is None
     assert spread_check({"a": [0.1, 0.1], "b": [0.3, 0.3]}) is None
+
+
+def test_dunnett_at_other_equal_correlations_small_thresholds_and_reproducibly():
+    """Equal correlations other than 0.5 (the quadrature must take the matrix's), a threshold below 1, p-values
+    capped at 1 by Holm, and the quasi-Monte Carlo path giving the same numbers twice."""
+    m, df = 4, 12
+    corr = np.full((m, m), 0.3) + 0.7 * np.eye(m)
+    ref = scipy_stats.multivariate_t(shape=corr, df=df).cdf(
+        np.full(m, 2.2), lower_limit=np.full(m, -2.2), maxpts=2_000_000, random_state=3
+    )
+    assert dunnett_p_values([2.2], corr, df)[0] == pytest.approx(1 - ref, abs=3e-4)
+    half = np.full((m, m), 0.5) + 0.5 * np.eye(m)
+    mvt = scipy_stats.multivariate_t(shape=half, df=df)
+    inside = mvt.cdf(np.full(m, 0.8), lower_limit=np.full(m, -0.8), maxpts=2_000_000, random_state=3)
+    assert equicorrelated_max_t_cdf(0.8, m, df) == pytest.approx(inside, abs=3e-4) and inside > 0.05
+    assert holm([0.7, 0.8]) == [1.0, 1.0]
+    fit = fit_blocks(UNBALANCED, "pre")
+    t = [c.t for c in fit.contrasts]
+    assert dunnett_p_values(t, fit.correlation(), fit.df) == dunnett_p_values(t, fit.correlation(), fit.df)
