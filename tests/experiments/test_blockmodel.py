@@ -144,6 +144,8 @@ def test_spread_check_is_brown_forsythe_and_undefined_without_two_groups():
     assert spread_check(groups) == pytest.approx(ref, rel=1e-12)
     assert ref != pytest.approx(scipy_stats.levene(*groups.values(), center="mean").pvalue, rel=1e-3)
     assert spread_check({"a": [0.1, 0.2], "b": [0.3]}) is None
+    two = {"a": [0.1, 0.3], "b": [0.2, 0.25]}  # two values per group are enough
+    assert spread_check(two) == pytest.approx(scipy_stats.levene(*two.values(), center="median").pvalue)
     assert spread_check({"a": [0.1, 0.1], "b": [0.3, 0.3]}) is None
 
 
