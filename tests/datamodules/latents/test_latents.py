@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -310,3 +312,13 @@ def test_ranks_reading_different_latent_caches_are_refused_at_setup(cache32, tmp
     says = r"^the ranks read different data: rank 0 on node-a read latent cache .*f32 \(fingerprint [0-9a-f]{12}\), "
     with pytest.raises(ValueError, match=says + r"rank 1 on .* read latent cache .*f32 \(fingerprint"):
         LatentDataModule(str(copy)).setup("fit")
+
+
+def test_a_global_batch_sets_the_trainers_accumulation(cache32):
+    """256 latents per step from micro-batches of 4 on 2 data-parallel ranks: 2 accumulated micro-batches."""
+    dm = LatentDataModule(str(cache32), batch_size=4, global_batch_size=16)
+    dm.trainer = SimpleNamespace(distributed_sampler_kwargs={"num_replicas": 2, "rank": 0}, accumulate_grad_batches=1)
+    dm.setup("fit")
+    assert dm.trainer.accumulate_grad_batches == 2 and dm.train_dataloader().batch_size == 4
+    with pytest.raises(ValueError, match=re.escape("global_batch_size=10 is not a multiple of the per-device")):
+        LatentDataModule(str(cache32), batch_size=4, global_batch_size=10)
