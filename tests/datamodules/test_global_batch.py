@@ -16,6 +16,10 @@ from datamodules.text.datamodule import TextDataModule
 from experiments.tasks.lm import LanguageModeling
 from experiments.tasks.optim import OptimConfig
 from models import TrunkConfig
+from tests.experiments.test_bad_input import error_line
+from tests.experiments.tiny import tiny_lm
+
+ROOT = Path(__file__).resolve().parents[2]
 
 STEPS = 3
 
@@ -86,8 +90,8 @@ def test_the_accumulation_follows_the_replicas_and_a_split_that_is_not_whole_is_
     for replicas, expected in ((1, 64), (8, 8), (64, 1)):
         trainer = _trainer(replicas)
         assert set_accumulation(2048, 32, trainer) == expected == trainer.accumulate_grad_batches
-    with pytest.raises(ValueError, match=re.escape("global_batch_size=2048 does not split into micro-batches of "
-                                                   "batch_size=32 on 3 data-parallel replicas; use a multiple of 96")):  # fmt: skip
+    split = "global_batch_size=2048 does not split into micro-batches of batch_size=32 on 3 data-parallel replicas"
+    with pytest.raises(ValueError, match=re.escape(f"{split}; use a multiple of 96")):
         set_accumulation(2048, 32, _trainer(3))
     with pytest.raises(ValueError, match=re.escape("trainer.accumulate_grad_batches=2 conflicts with global_batch")):
         set_accumulation(2048, 32, _trainer(8, accumulate=2))
@@ -97,3 +101,13 @@ def test_the_accumulation_follows_the_replicas_and_a_split_that_is_not_whole_is_
 def test_a_global_batch_the_micro_batch_does_not_divide_is_refused_at_construction(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=re.escape("global_batch_size=100 is not a multiple of the per-device")):
         TextDataModule(source="embedded", data_dir=str(tmp_path), batch_size=32, global_batch_size=100)
+
+
+def test_the_command_line_refuses_a_global_batch_that_does_not_split_in_one_line(corpus: Path, tmp_path: Path, capsys):
+    base = ["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), f"--runs_root={tmp_path / 'runs'}",
+            f"--data.init_args.source={corpus}", f"--data.init_args.data_dir={tmp_path / 'd'}",
+            *tiny_lm(depth=1, seq_len=16, batch_size=4, eval_samples=4), "--trainer.max_steps=1"]  # fmt: skip
+    line = error_line([*base, "--data.init_args.global_batch_size=10"], capsys)
+    assert "global_batch_size=10 is not a multiple of the per-device micro-batch batch_size=4" in line
+    line = error_line([*base, "--data.init_args.global_batch_size=8", "--trainer.accumulate_grad_batches=3"], capsys)
+    assert "trainer.accumulate_grad_batches=3 conflicts with global_batch_size=8, which needs 2" in line
