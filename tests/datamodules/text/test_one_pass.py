@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from pydoc_data.topics import topics
@@ -13,6 +14,10 @@ import torch
 from datamodules.samplers import epoch_seed, shard_over_ranks
 from datamodules.text.datamodule import TextDataModule
 from datamodules.text.windows import PermutedWindowSampler, RandomWindowSampler
+from experiments.__main__ import main
+from tests.experiments.tiny import tiny_lm
+
+ROOT = Path(__file__).resolve().parents[3]
 
 TOKENS, SEQ = 1000, 9  # windows of 10 tokens: 100 of them, the split read end to end
 
@@ -98,3 +103,31 @@ def test_the_module_reads_one_pass_by_name_and_keeps_with_replacement_as_the_def
     assert isinstance(default.train_sampler, RandomWindowSampler) and len(default.train_sampler) == 20000
     with pytest.raises(ValueError, match=re.escape("sampling='shuffle' is not a window sampling; valid: perm")):
         TextDataModule(**small, sampling="shuffle")
+
+
+def _fit(runs: Path, corpus: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        "fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), f"--runs_root={runs}", f"--data.init_args.source={corpus}",
+        f"--data.init_args.data_dir={runs.parent / 'shards'}", *tiny_lm(depth=1, eval_samples=4),
+        "--data.init_args.sampling=permutation", f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=1",
+        "--trainer.num_sanity_val_steps=0", "--summary.log_every_n_steps=1", "--trainer.val_check_interval=3", *extra,
+    ]  # fmt: skip
+
+
+def _curve(runs: Path) -> list[float]:
+    (summary,) = runs.rglob("summary.json")
+    return [value for _, value in json.loads(summary.read_text())["train_curve"]]
+
+
+@pytest.mark.slow
+def test_a_one_pass_fit_stopped_mid_epoch_resumes_on_the_uninterrupted_trajectory(tmp_path: Path) -> None:
+    """~2,700 training tokens: 81 windows of 33, 10 batches of 8 an epoch; stopped at step 6 and resumed to 14
+    (across the epoch boundary), the losses are those of the run that never stopped."""
+    corpus = tmp_path / "topics.txt"
+    corpus.write_text("\n\n".join(topics[k] for k in sorted(topics))[:3000])
+    main(_fit(tmp_path / "full", corpus, 14))
+    main(_fit(tmp_path / "part", corpus, 6))
+    main(_fit(tmp_path / "part", corpus, 14, "--ckpt_path=last"))
+    full = _curve(tmp_path / "full")
+    assert len(full) == 14
+    torch.testing.assert_close(torch.tensor(_curve(tmp_path / "part")), torch.tensor(full), rtol=1e-6, atol=0)
