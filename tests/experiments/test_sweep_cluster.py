@@ -151,8 +151,9 @@ def test_the_slurm_job_script_carries_the_requeue_signal_and_the_devices(tmp_pat
     assert not any(line.startswith("#SBATCH --signal=USR2") for line in lines)  # submitit's default is replaced
     assert re.search(r"^srun .* -m submitit\.core\._submit ", script, re.MULTILINE)  # srun: one task per GPU
     job = fit_job(spec, runs[0], tmp_path / "runs/lm/big")
-    # Lightning's SLURM environment checks devices x num_nodes against srun's tasks; 1e9 tokens at 4 x 2 x 32 x 2048.
-    assert {"--trainer.num_nodes=2", "--trainer.devices=4", "--trainer.max_steps=1908"} <= set(job.fit_argv)
+    # Lightning's SLURM environment checks devices x num_nodes against srun's tasks; 1e9 tokens at the config's
+    # global batch of 2,048 x 2,048 tokens, whatever the cluster.
+    assert {"--trainer.num_nodes=2", "--trainer.devices=4", "--trainer.max_steps=239"} <= set(job.fit_argv)
     assert job.test_argv is None and job.threads == 6 and job.fit_argv[3] == "fit"
 
 
