@@ -1,11 +1,13 @@
 """How fast a run trains: tokens/s, samples/s, model FLOP utilization and peak memory, in TensorBoard and
 ``summary.json`` (``perf``), for every task and every run.
 
-    perf/samples_per_s      training samples (sequences, images, latents) per second, all ranks together
-    perf/tokens_per_s       tokens through the trunk per second (sequence length; ViT patches + cls; DiT patches)
-    perf/mfu                model FLOP utilization: achieved model FLOP/s over the devices' peak (GPUs only)
-    perf/mfu_causal         the same with the causal-halved attention count (LM only: what a causal kernel does)
-    perf/peak_mem_gb        peak memory: CUDA's max allocated on a GPU, else the process's peak resident set
+    train/samples_per_s     training samples (sequences, images, latents) per second, all ranks together
+    train/tokens_per_s      tokens through the trunk per second (sequence length; ViT patches + cls; DiT patches)
+    train/mfu               model FLOP utilization: achieved model FLOP/s over the devices' peak (GPUs only)
+    train/mfu_causal        the same with the causal-halved attention count (LM only: what a causal kernel does)
+    train/peak_mem_gb       peak memory: CUDA's max allocated on a GPU, else the process's peak resident set
+
+Under ``train/``: TensorBoard's TIME SERIES opens its first two groups by name, which stay ``train`` and ``val``.
 
 Each logging interval (``log_every_n_steps``) is timed as a whole, on the host clock, without a device
 synchronize (the loss logged every step already waits for the device), so no step pays a host sync for it. The
@@ -92,7 +94,7 @@ def peak_memory_gb(device: torch.device) -> float:
 
 
 class Throughput(Callback):
-    """Logs ``perf/*`` every ``log_every_n_steps`` and keeps the run's averages for ``summary.json`` (module
+    """Logs the speed tags every ``log_every_n_steps`` and keeps the run's averages for ``summary.json`` (module
     docstring). Added by every task."""
 
     def __init__(self) -> None:
@@ -141,22 +143,22 @@ class Throughput(Callback):
         pl_module.log_dict(metrics, rank_zero_only=True)
 
     def rates(self, pl_module: L.LightningModule, samples_per_s: float, world_size: int) -> dict[str, float]:
-        """``perf/*`` for ``samples_per_s`` of this module over ``world_size`` devices."""
-        metrics = {"perf/samples_per_s": samples_per_s, "perf/peak_mem_gb": peak_memory_gb(pl_module.device)}
+        """The speed tags for ``samples_per_s`` of this module over ``world_size`` devices."""
+        metrics = {"train/samples_per_s": samples_per_s, "train/peak_mem_gb": peak_memory_gb(pl_module.device)}
         if self.tokens is None:
             return metrics
         tokens_per_s = samples_per_s * self.tokens
-        metrics["perf/tokens_per_s"] = tokens_per_s
+        metrics["train/tokens_per_s"] = tokens_per_s
         peak = peak_flops(pl_module.device)
         trunk = find_trunk(pl_module)
         if peak is None or trunk is None:
             return metrics
         n, cfg = flop_parameters(pl_module.net), trunk.cfg
         full = flops_per_token(n, cfg.depth, cfg.dim, self.tokens, causal=False)
-        metrics["perf/mfu"] = tokens_per_s * full / (peak * world_size)
+        metrics["train/mfu"] = tokens_per_s * full / (peak * world_size)
         if getattr(pl_module, "task", None) == "lm":
             causal = flops_per_token(n, cfg.depth, cfg.dim, self.tokens, causal=True)
-            metrics["perf/mfu_causal"] = tokens_per_s * causal / (peak * world_size)
+            metrics["train/mfu_causal"] = tokens_per_s * causal / (peak * world_size)
         return metrics
 
     def record(self, pl_module: L.LightningModule, world_size: int) -> dict[str, Any]:
@@ -165,7 +167,7 @@ class Throughput(Callback):
         rates = self.rates(pl_module, samples / seconds, world_size) if seconds > 0 else dict(self.last)
         peak = peak_flops(pl_module.device)
         trunk = find_trunk(pl_module)
-        entry: dict[str, Any] = {k.removeprefix("perf/"): v for k, v in rates.items() if math.isfinite(v)}
+        entry: dict[str, Any] = {k.removeprefix("train/"): v for k, v in rates.items() if math.isfinite(v)}
         entry["mfu"] = entry.get("mfu", "n/a")
         entry.update(
             {

@@ -183,7 +183,15 @@ def test_unreadable_images_are_skipped_and_counted(tmp_path: Path, recwarn):
             for i in range(2):
                 Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(root / split / cls / f"{i}.png")
     (root / "train" / "cat" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")  # a broken file
-    main(image_args(tmp_path, root, "--trainer.fast_dev_run=2", "--data.init_args.batch_size=4"))
+    main(
+        image_args(
+            tmp_path,
+            root,
+            "--trainer.fast_dev_run=2",
+            "--data.init_args.batch_size=4",
+            "--data.init_args.repeated_augmentation=1",
+        )
+    )  # four images: too few for DeiT's 256-image epochs
     messages = [str(w.message) for w in recwarn]
     assert any("skipped unreadable image" in m and "0.png" in m for m in messages), messages
     assert any("1 unreadable images were skipped" in m for m in messages), messages

@@ -1,5 +1,5 @@
 """Every run reports its speed (experiments.monitoring.throughput): the FLOP convention by hand, the peak table
-against the datasheets, and the perf/ tags of a real tiny LM and MoE run through the command line."""
+against the datasheets, and the speed tags of a real tiny LM and MoE run through the command line."""
 
 from __future__ import annotations
 
@@ -67,11 +67,11 @@ def test_a_tiny_run_logs_its_tokens_per_second_and_peak_memory(moe, tmp_path, co
           "--trainer.max_steps=4", "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=1",
           "--trainer.num_sanity_val_steps=0"])  # fmt: skip
     logged = tags(tmp_path)
-    assert len(logged["perf/tokens_per_s"]) == 4 and all(v > 0 for v in logged["perf/tokens_per_s"])
-    for tokens, samples in zip(logged["perf/tokens_per_s"], logged["perf/samples_per_s"], strict=True):
+    assert len(logged["train/tokens_per_s"]) == 4 and all(v > 0 for v in logged["train/tokens_per_s"])
+    for tokens, samples in zip(logged["train/tokens_per_s"], logged["train/samples_per_s"], strict=True):
         assert tokens == pytest.approx(samples * 32, rel=1e-6)  # 32-token windows
-    assert all(0.05 < v < 100 for v in logged["perf/peak_mem_gb"])  # this process's peak resident set
-    assert "perf/mfu" not in logged  # a CPU has no peak in the table: "n/a", never a made-up number
+    assert all(0.05 < v < 100 for v in logged["train/peak_mem_gb"])  # this process's peak resident set
+    assert "train/mfu" not in logged  # a CPU has no peak in the table: "n/a", never a made-up number
 
 
 @pytest.mark.slow
