@@ -19,7 +19,10 @@ before anything runs. The options are checked here against each other and agains
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from experiments.reliability.errors import SuiteError
 from experiments.results.equivalence import higher_is_better
@@ -144,3 +147,25 @@ def parse_last_evals(raw: object, metric: object, where: str) -> int:
             f"last_evals={k} with metric={metric!r} ({where}); valid: a val/ metric (a test is measured once), or 1"
         )
     return k
+
+
+def read_record(
+    path: Path, what: str, entry: tuple[str, type], planned: dict, did: str, valid: str, source: str
+) -> dict | None:
+    """A record a sweep wrote beside its runs (``what``: "tuning", "stages"); None when there is none yet. One line
+    when the file is not such a record (``entry``: its key and type), or was written under other ``planned``
+    settings than the sweep file (``source``) has now."""
+    if not path.is_file():
+        return None
+    try:
+        record = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        record = None
+    key, kind = entry
+    if not isinstance(record, dict) or not isinstance(record.get(key), kind):
+        raise OptionError(f"{path} is not the {what} record a sweep writes; valid: move it away and run again")
+    differs = [k for k in planned if record.get(k) != planned[k]]
+    if differs:
+        now = ", ".join(f"{k}={planned[k]!r}" for k in differs)
+        raise OptionError(f"{path} {did} under another {', '.join(differs)} ({source}: {now}); valid: {valid}")
+    return record

@@ -29,7 +29,7 @@ import yaml
 from experiments.results.compare import load_comparison
 from experiments.results.compute import largest_stable_lr, lr_sensitivity
 from experiments.sweeps.measure import metric_values
-from experiments.sweeps.options import OptionError
+from experiments.sweeps.options import OptionError, read_record
 from experiments.sweeps.spec import Run, SweepSpec, grid
 from fileio import atomic_write_text
 
@@ -80,24 +80,11 @@ def _planned(spec: SweepSpec) -> dict:
 
 def read_tuning(spec: SweepSpec, sweep_dir: Path) -> dict | None:
     """The recorded picks (None before they are made); one line when they were made under another protocol."""
-    path = sweep_dir / TUNING_RECORD
-    if not path.is_file():
-        return None
-    try:
-        record = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        record = None
-    if not isinstance(record, dict) or not isinstance(record.get("groups"), dict):
-        raise OptionError(f"{path} is not the tuning record a sweep writes; valid: move it away and run again")
     planned = _planned(spec)
-    differs = [k for k in MATCH_KEYS if record.get(k) != planned[k]]
-    if differs:
-        raise OptionError(
-            f"{path} picked its rates under another {', '.join(differs)} ({spec.source}: "
-            f"{', '.join(f'{k}={planned[k]!r}' for k in differs)}); valid: the protocol it was picked under, or a "
-            "new sweep name"
-        )
-    return record
+    return read_record(
+        sweep_dir / TUNING_RECORD, "tuning", ("groups", dict), {k: planned[k] for k in MATCH_KEYS},
+        "picked its rates", "the protocol it was picked under, or a new sweep name", str(spec.source),
+    )  # fmt: skip
 
 
 def picked_rates(record: dict) -> dict[str, float]:

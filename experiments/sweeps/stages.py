@@ -26,7 +26,7 @@ from experiments.results.compare import load_comparison
 from experiments.results.sequential import look_thresholds, spent
 from experiments.results.verdicts import ALPHA
 from experiments.sweeps.measure import metric_values
-from experiments.sweeps.options import OptionError
+from experiments.sweeps.options import read_record
 from experiments.sweeps.spec import Run, SweepSpec, grid
 from fileio import atomic_write_text
 
@@ -52,23 +52,11 @@ def fractions(spec: SweepSpec) -> list[float]:
 
 def read_stages(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
     """The looks recorded so far; one line when they were recorded under other stages, seeds or metric."""
-    path = sweep_dir / STAGES_RECORD
-    if not path.is_file():
-        return []
-    try:
-        record = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        record = None
-    if not isinstance(record, dict) or not isinstance(record.get("looks"), list):
-        raise OptionError(f"{path} is not the stages record a sweep writes; valid: move it away and run again")
-    planned = _planned(spec)
-    differs = [k for k in planned if record.get(k) != planned[k]]
-    if differs:
-        raise OptionError(
-            f"{path} recorded its looks under another {', '.join(differs)} ({spec.source}: "
-            f"{', '.join(f'{k}={planned[k]!r}' for k in differs)}); valid: the stages it ran, or a new sweep name"
-        )
-    return record["looks"]
+    record = read_record(
+        sweep_dir / STAGES_RECORD, "stages", ("looks", list), _planned(spec), "recorded its looks",
+        "the stages it ran, or a new sweep name", str(spec.source),
+    )  # fmt: skip
+    return [] if record is None else record["looks"]
 
 
 def _planned(spec: SweepSpec) -> dict:

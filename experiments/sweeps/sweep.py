@@ -264,11 +264,7 @@ def _staged(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespace) -> list[
             f"{len(runs)} runs into {sweep_dir}",
             flush=True,
         )
-        if spec.submitit:
-            crashed += _submitit(spec, runs, sweep_dir, args, compare_after=False)
-        else:
-            statuses = run_locally(spec, runs, sweep_dir, args.restart)
-            crashed += [name for name, status in statuses.items() if status == "crashed"]
+        crashed += _run_phase(spec, runs, sweep_dir, args)
         if not decide(spec, sweep_dir, look, runs, launched):
             print(
                 f"sweep {spec.name}: look {look} waits for runs that have not ended (crashed, running or in use): "
@@ -279,6 +275,15 @@ def _staged(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespace) -> list[
     compare(spec, launched, sweep_dir)
     _print_stages(spec, sweep_dir)
     return crashed
+
+
+def _run_phase(spec: SweepSpec, runs: list, sweep_dir: Path, args: argparse.Namespace) -> list[str]:
+    """One phase of a staged or tuned sweep: trained here, or submitted (the same command continues later); the
+    runs that crashed."""
+    if spec.submitit:
+        return _submitit(spec, runs, sweep_dir, args, compare_after=False)
+    statuses = run_locally(spec, runs, sweep_dir, args.restart)
+    return [name for name, status in statuses.items() if status == "crashed"]
 
 
 def _tune_then_compare(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespace) -> list[str]:
@@ -294,11 +299,7 @@ def _tune_then_compare(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespac
             f"{len(spec.protocol['fresh_seeds'])} fresh seeds, into {sweep_dir}",
             flush=True,
         )
-        if spec.submitit:
-            crashed += _submitit(spec, tuning, sweep_dir, args, compare_after=False)
-        else:
-            statuses = run_locally(spec, tuning, sweep_dir, args.restart)
-            crashed += [name for name, status in statuses.items() if status == "crashed"]
+        crashed += _run_phase(spec, tuning, sweep_dir, args)
         if pick(spec, sweep_dir) is None:
             print(
                 f"sweep {spec.name}: not every tuning run has ended (crashed, running or in use); no rate is picked "
