@@ -80,10 +80,12 @@ class TaskModule(L.LightningModule):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         clip_grad_norm(self.net.parameters(), gradient_clip_val)
 
-    def on_before_optimizer_step(self, optimizer) -> None:
+    def on_after_backward(self) -> None:
         # Tensor parallelism: the gradients each rank took from its share of the sequence, summed; expert
-        # parallelism: the experts' gradients averaged (before clipping).
-        if self._device_mesh is not None:
+        # parallelism: the experts' gradients averaged. After the backward of the micro-batch the optimizer steps
+        # after, so every callback's on_before_optimizer_step (Diagnostics' gradient norms: Lightning calls the
+        # callbacks' hook before the module's) and clipping see the whole gradients.
+        if self._device_mesh is not None and not self.trainer.fit_loop.epoch_loop._should_accumulate():
             sync_grads(self.net, self._device_mesh)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
