@@ -348,11 +348,8 @@ def test_every_diagnostic_and_the_logged_loss_describe_the_global_batch_on_two_r
         assert got.keys() == one.keys(), run
         for tag, values in one.items():
             assert got[tag].keys() == values.keys(), (run, tag)
-            # under TP a block's gradient is summed over sequence shards in another order: its norm moves in the
-            # fifth digit (2.3e-5 seen), as the per-parameter gradients do (held to 1e-5 of their largest above)
-            rel = 1e-4 if run == "tp" and tag.startswith("diag/grad_norm/") else 1e-5
-            for step, value in values.items():
-                assert got[tag][step] == pytest.approx(value, rel=rel, abs=1e-7), (run, tag, step)
+            for step, value in values.items():  # (2.4e-7 at most, measured; TP's gradient norms were partial sums)
+                assert got[tag][step] == pytest.approx(value, rel=1e-5, abs=1e-7), (run, tag, step)
 
 
 def test_each_data_parallel_rank_draws_its_own_stream_and_a_resume_gives_it_back(ran: dict):
