@@ -42,25 +42,16 @@ from experiments.bench import (  # noqa: E402
     parse_schemes,
     write_report,
 )
+from experiments.monitoring.throughput import peak_flops_of  # noqa: E402
 from models.presets import PRESETS  # noqa: E402
 
+
 # Dense (not 2:4-sparse) bf16 tensor-core peaks from the vendors' datasheets, TFLOP/s; first match wins.
-PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989.0),
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),  # SXM
-    ("GH200", 989.0),
-    ("B200", 2250.0),
-    ("A100", 312.0),
-    ("L40S", 362.0),
-    ("L4", 121.0),
-    ("A10", 125.0),
-)
-
-
 def peak_tflops(device_name: str) -> float:
-    """The datasheet peak for a device name such as ``"NVIDIA H200"``; NaN when unknown."""
-    return next((tf for key, tf in PEAK_BF16_TFLOPS if key in device_name), math.nan)
+    """The datasheet peak for a device name such as ``"NVIDIA H200"`` (the one table every run's MFU uses:
+    :data:`experiments.monitoring.throughput.PEAK_BF16`); NaN when unknown."""
+    flops = peak_flops_of(device_name)
+    return math.nan if flops is None else flops / 1e12
 
 
 def paper_workloads(lm_depth: int, lm_batch: int, dit_batch: int, vit_batch: int) -> dict[Task, Workload]:

@@ -37,30 +37,32 @@ from torch import nn
 
 from experiments.monitoring.diagnostics import find_trunk
 
-#: dense bfloat16 peak FLOP/s per device, from NVIDIA's datasheets (the sparse figures are twice these)
-PEAK_BF16: dict[str, float] = {
-    "H200": 989e12,
-    "H100 SXM": 989e12,
-    "H100 NVL": 835e12,
-    "H100 PCIE": 756e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 70e12,
-}
+#: dense bfloat16 peak FLOP/s per device name, from NVIDIA's datasheets (the sparse figures are twice these), in
+#: the order names are matched (a name's first entry contained in it wins: "A100" before "A10", "L40S" before "L4")
+PEAK_BF16: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12),  # GH200 too
+    ("H100 PCIE", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+)
 _EMBEDDING_NAMES = ("embed", "pos_embed", "cls_token", "table")  # LM token table; ViT's; DiT's label table
 
 
+def peak_flops_of(name: str) -> float | None:
+    """The dense bfloat16 peak FLOP/s of a GPU named ``name`` (:data:`PEAK_BF16`), None when it is not listed."""
+    upper = name.upper()
+    return next((flops for key, flops in PEAK_BF16 if key in upper), None)
+
+
 def peak_flops(device: torch.device) -> float | None:
-    """The device's dense bfloat16 peak FLOP/s (:data:`PEAK_BF16`), None on a CPU or an unlisted GPU."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device).upper()
-    if "H100" in name and not any(k in name for k in ("PCIE", "NVL")):
-        return PEAK_BF16["H100 SXM"]  # "NVIDIA H100 80GB HBM3" is the SXM part
-    for key, flops in PEAK_BF16.items():
-        if all(word in name for word in key.split()):
-            return flops
-    return None
+    """The device's dense bfloat16 peak FLOP/s, None on a CPU or an unlisted GPU."""
+    return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 def flop_parameters(net: nn.Module) -> int:

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     "name, peak",
     [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H200", 989e12), ("NVIDIA H100 PCIe", 756e12),
-     ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA GeForce RTX 3090", None)],
+     ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA L40S", 362e12),
+     ("NVIDIA A10G", 70e12), ("NVIDIA GH200 480GB", 989e12), ("NVIDIA GeForce RTX 3090", None)],
 )  # fmt: skip
 def test_peak_flops_are_the_dense_bf16_datasheet_numbers(name, peak, monkeypatch):
     monkeypatch.setattr(throughput.torch.cuda, "get_device_name", lambda device=None: name)
