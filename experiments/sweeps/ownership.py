@@ -32,6 +32,11 @@ def is_suite_run(run_dir: Path) -> bool:
     return (run_dir / SUMMARY_FILE).is_file() and (run_dir / "config.yaml").is_file()
 
 
+def is_marker_or_its_temp(name: str) -> bool:
+    """The sweep marker, or the temp file another sweep writes it through (``fileio.atomic.temp_path``)."""
+    return name == SWEEP_MARKER or (name.startswith(f".{SWEEP_MARKER}.") and name.endswith(".tmp"))
+
+
 def claim_sweep_dir(sweep_dir: Path, name: str, source: str) -> None:
     """Creates (or adopts) the sweep directory; refuses a non-empty directory the suite did not make.
 
@@ -43,7 +48,7 @@ def claim_sweep_dir(sweep_dir: Path, name: str, source: str) -> None:
     marker = sweep_dir / SWEEP_MARKER
     if sweep_dir.is_dir() and not marker.exists():
         made_by_suite = (sweep_dir / "sweep.yaml").is_file() or any(
-            is_suite_run(p) or p.name.startswith(SWEEP_MARKER) for p in sweep_dir.iterdir()
+            is_suite_run(p) or is_marker_or_its_temp(p.name) for p in sweep_dir.iterdir()
         )  # another sweep on this spec may be writing the marker (its temp file) right now
         if any(sweep_dir.iterdir()) and not made_by_suite:
             raise SuiteError(

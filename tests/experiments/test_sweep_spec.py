@@ -13,7 +13,7 @@ from experiments.__main__ import main as suite_main
 from experiments.monitoring.summary import RUN_MARKER
 from experiments.reliability.errors import SuiteError
 from experiments.sweeps import sweep
-from experiments.sweeps.ownership import claim_sweep_dir, prepare_run_dir, remove_run_dir
+from experiments.sweeps.ownership import SWEEP_MARKER, claim_sweep_dir, prepare_run_dir, remove_run_dir
 from experiments.sweeps.spec import grid, load_specs, parse_assignments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +103,23 @@ def test_bad_command_line_options_exit_2(tmp_path: Path, monkeypatch, capsys):
         "extra": {"constraint": "h100"},
         "nodes": 2,
     }
+
+
+def test_a_sweep_dir_whose_marker_another_sweep_is_writing_is_adopted(tmp_path: Path):
+    """Two sweeps on one spec: the second may look while the first has only the marker's temp file there."""
+    from fileio.atomic import temp_path
+
+    sweep_dir = tmp_path / "runs" / "lm" / "s"
+    sweep_dir.mkdir(parents=True)
+    other = temp_path(sweep_dir / SWEEP_MARKER)
+    other.write_text("{}")  # the other sweep, between writing and renaming
+    claim_sweep_dir(sweep_dir, "s", "spec.yaml")
+    assert (sweep_dir / SWEEP_MARKER).is_file()
+    (sweep_dir / SWEEP_MARKER).unlink()
+    other.unlink()
+    (sweep_dir / f"{SWEEP_MARKER}.tmp").write_text("not a temp name the suite makes")
+    with pytest.raises(SuiteError, match="was not made by a sweep"):
+        claim_sweep_dir(sweep_dir, "s", "spec.yaml")
 
 
 def test_a_foreign_directory_is_never_adopted_or_deleted(tmp_path: Path):
