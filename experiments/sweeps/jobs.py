@@ -105,11 +105,11 @@ class FitJob:
         if self.test_argv is not None and status == "finished" and "test" not in summary:
             # Imported here: it brings torch, which the job process (it only waits for its commands) needs for
             # nothing else; every job of a grid would otherwise spend seconds importing it before its fit starts.
-            from experiments.reliability.checkpointing import written_at
+            from experiments.reliability.checkpointing import newest_readable
 
-            ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=written_at)  # (a folder: its meta.pt)
-            if ckpts:
-                code = self._call([*self.test_argv, f"--ckpt_path={ckpts[-1]}"])
+            ckpt = newest_readable(run_dir / "checkpoints")  # the highest recorded step, as the local launcher tests
+            if ckpt is not None:
+                code = self._call([*self.test_argv, f"--ckpt_path={ckpt}"])
                 self._after_stage(env, rank0)
                 if code != 0:
                     raise RunFailed(f"{run_dir.name}: test exited with {code}; log: {self.log}")

@@ -107,9 +107,12 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint of a run (``last.ckpt`` is written after the best one)."""
-    ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return ckpts[-1] if ckpts else None
+    """The checkpoint a finished run is tested from: the readable one with the highest recorded step (the later
+    written among equal steps: ``last.ckpt`` after the best one), never the file times alone (a copied run
+    directory has them in any order)."""
+    from experiments.reliability.checkpointing import newest_readable  # brings torch: only when a run is tested
+
+    return newest_readable(run_dir / "checkpoints")
 
 
 def run_one(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from datamodules.text.tokenizers import TextTokenizer, load_tokenizer
+from experiments.reliability.checkpointing import step_of
 from experiments.reliability.errors import CheckpointError, SuiteError
 from experiments.reliability.safe_load import load_checkpoint
 from models import LanguageModel, TrunkConfig
@@ -97,8 +98,7 @@ def load_lm(ckpt: str | Path, tokenizer_dir: str | Path | None = None) -> Loaded
             f"tokenizer has {tokenizer.vocab_size} tokens but {path} was trained with vocab_size={net.vocab_size}; "
             "valid: the tokenizer the run was trained with"
         )
-    step = payload.get("global_step", 0)
-    step = int(step) if isinstance(step, int | float) and not isinstance(step, bool) else 0
+    step = step_of(payload, path) if "global_step" in payload else 0  # an exported weights file has no step
     return LoadedLM(net.eval(), tokenizer, step, trunk.norm_scheme, path)
 
 
