@@ -125,8 +125,9 @@ class ImageFolderDataModule(L.LightningDataModule):
         batch_size: Images per batch on each device (default 128 when neither this nor
             ``global_batch_size`` is set).
         global_batch_size: Images per optimizer step over all devices (the number a recipe states, e.g.
-            DeiT's 1024), split into a per-device batch of global / (devices x nodes x
-            accumulate_grad_batches), which must divide evenly. Set one of the two, not both.
+            DeiT's 1024), split into a per-device batch of global / (data-parallel replicas x
+            accumulate_grad_batches), which must divide evenly (under tensor parallelism the ranks of one replica
+            read the same batch). Set one of the two, not both.
         num_workers: DataLoader worker processes (JPEG decoding is the bottleneck).
         auto_augment: timm policy string, e.g. "rand-m9-mstd0.5-inc1"; None or "" disables it.
         re_prob: Random-erasing probability.
@@ -266,20 +267,24 @@ class ImageFolderDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------------------------ lifecycle
 
     def per_device_batch_size(self) -> int:
-        """``batch_size``, or ``global_batch_size`` split over the trainer's processes and accumulation steps."""
+        """``batch_size``, or ``global_batch_size`` split over the data-parallel replicas and accumulation steps.
+
+        The replicas are the ranks that read different batches (:func:`datamodules.batching.data_parallel_replicas`),
+        not the processes: under tensor parallelism the ranks of one replica read the same batch, so 2 replicas of
+        2 tensor-parallel ranks each read global / (2 x accumulation) images, not global / 4."""
         if self.global_batch_size is None:
             return self.batch_size
-        processes = self.trainer.world_size if self.trainer is not None else 1
+        replicas = data_parallel_replicas(self.trainer)
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
-        per_device, rest = divmod(self.global_batch_size, processes * accumulate)
+        per_device, rest = divmod(self.global_batch_size, replicas * accumulate)
         if rest or per_device == 0:
             raise ValueError(
-                f"global_batch_size={self.global_batch_size} does not split evenly over {processes} processes x "
-                f"{accumulate} accumulation steps; use a multiple of {processes * accumulate}"
+                f"global_batch_size={self.global_batch_size} does not split evenly over {replicas} data-parallel "
+                f"replicas x {accumulate} accumulation steps; use a multiple of {replicas * accumulate}"
             )
         rank_zero_info(
             f"per-device batch {per_device} = global batch {self.global_batch_size} / "
-            f"({processes} processes x {accumulate} accumulation steps)"
+            f"({replicas} data-parallel replicas x {accumulate} accumulation steps)"
         )
         return per_device
 

@@ -111,3 +111,24 @@ def test_the_command_line_refuses_a_global_batch_that_does_not_split_in_one_line
     assert "global_batch_size=10 is not a multiple of the per-device micro-batch batch_size=4" in line
     line = error_line([*base, "--data.init_args.global_batch_size=8", "--trainer.accumulate_grad_batches=3"], capsys)
     assert "trainer.accumulate_grad_batches=3 conflicts with global_batch_size=8, which needs 2" in line
+
+
+def _image_trainer(processes: int, replicas: int, accumulate: int = 1) -> SimpleNamespace:
+    shard = {"num_replicas": replicas, "rank": 0} if processes > 1 else None
+    return SimpleNamespace(world_size=processes, distributed_sampler_kwargs=shard, accumulate_grad_batches=accumulate)
+
+
+def test_the_image_global_batch_is_split_over_data_parallel_replicas_not_processes() -> None:
+    """4 processes as 2 tensor-parallel x 2 data-parallel: the two ranks of a replica read the same batch, so each
+    reads 1024 / 2 = 512 images (global / world size would be 256: a global batch of 512)."""
+    from datamodules.images.folder import ImageFolderDataModule
+
+    dm = ImageFolderDataModule("unused", auto_augment=None, global_batch_size=1024)
+    cases = ((1, 1, 1, 1024), (8, 8, 1, 128), (4, 2, 1, 512), (8, 2, 4, 128))
+    for processes, replicas, accumulate, per_device in cases:
+        dm.trainer = _image_trainer(processes, replicas, accumulate)
+        assert dm.per_device_batch_size() == per_device, (processes, replicas, accumulate)
+    dm.trainer = _image_trainer(6, 3)
+    split = "global_batch_size=1024 does not split evenly over 3 data-parallel replicas x 1 accumulation steps"
+    with pytest.raises(ValueError, match=re.escape(f"{split}; use a multiple of 3")):
+        dm.per_device_batch_size()
