@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from datamodules.samplers import ResumableSampler, epoch_seed
+from datamodules.samplers import ResumableSampler, compact, epoch_seed
 
 __all__ = ["PermutedWindowSampler", "RandomWindowSampler", "TokenWindows", "epoch_seed", "eval_window_starts"]
 
@@ -89,8 +89,8 @@ class RandomWindowSampler(ResumableSampler):
         super().__init__(num_samples, seed)
         self.num_starts = num_starts
 
-    def draw(self, generator: torch.Generator) -> list[int]:
-        return torch.randint(0, self.num_starts, (self.num_samples,), generator=generator).tolist()
+    def draw(self, generator: torch.Generator) -> np.ndarray:
+        return compact(torch.randint(0, self.num_starts, (self.num_samples,), generator=generator))
 
 
 class PermutedWindowSampler(ResumableSampler):
@@ -119,9 +119,14 @@ class PermutedWindowSampler(ResumableSampler):
             raise ValueError(f"the split holds {num_tokens} tokens, fewer than one window of seq_len+1={self.stride}")
         super().__init__(windows, seed)
 
-    def draw(self, generator: torch.Generator) -> list[int]:
-        order = torch.randperm(self.num_samples, generator=generator)
-        return (order * self.stride).tolist()
+    def draw(self, generator: torch.Generator) -> np.ndarray:
+        """The epoch's window order, held as window numbers (int32 below 2^31 windows: 195 MB for the 48.8 M
+        windows of 100B tokens at seq_len 2,048); :meth:`items` turns each handed-out slice into starts."""
+        dtype = torch.int32 if self.num_samples < 2**31 else torch.int64
+        return compact(torch.randperm(self.num_samples, generator=generator, dtype=dtype))
+
+    def items(self, drawn: np.ndarray) -> np.ndarray:
+        return drawn.astype(np.int64) * self.stride  # int64: starts pass 2^31 beyond 2 GB of tokens
 
 
 def eval_window_starts(num_tokens: int, seq_len: int, max_windows: int) -> np.ndarray:
