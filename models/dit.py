@@ -8,8 +8,9 @@ from torch import Tensor, nn
 
 from models.config import TrunkConfig
 from models.embeddings import LabelEmbedder, TimestepEmbedder, sincos_2d
+from models.init_values import Init, Plan, draw_seed, initialize, prefixed, rng_unchanged
 from models.layers import AdaLNZero, modulate
-from models.trunk import Trunk
+from models.trunk import Trunk, xavier, zeros
 
 #################################################################################
 #                                 DiT                                           #
@@ -30,6 +31,8 @@ class DiT(nn.Module):
         class_dropout_prob: label dropout during training (classifier-free guidance).
         learn_sigma: also predict the variance (output channels doubled).
         timestep_freq_shift: 0 for the official DiT timestep features, 1 for diffusers' variant.
+        init_seed: the seed of every initial value (models/init_values.py); None draws it from the global
+            generator (one draw; what the constructors draw besides is discarded).
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class DiT(nn.Module):
         class_dropout_prob: float = 0.1,
         learn_sigma: bool = True,
         timestep_freq_shift: int = 0,
+        init_seed: int | None = None,
     ) -> None:
         super().__init__()
         if trunk.learned_embed_scale:
@@ -52,18 +56,24 @@ class DiT(nn.Module):
         self.in_channels, self.patch_size = in_channels, patch_size
         self.out_channels = 2 * in_channels if learn_sigma else in_channels
         dim = trunk.dim
-        self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, dim, bias=True)
-        self.t_embedder = TimestepEmbedder(dim, freq_shift=timestep_freq_shift)
-        self.y_embedder = LabelEmbedder(num_classes, dim, class_dropout_prob)
+        self.init_seed = draw_seed() if init_seed is None else init_seed
+        with rng_unchanged():  # the constructors' draws are discarded: init_plan gives every random value
+            self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, dim, bias=True)
+            self.t_embedder = TimestepEmbedder(dim, freq_shift=timestep_freq_shift)
+            self.y_embedder = LabelEmbedder(num_classes, dim, class_dropout_prob)
+            self.trunk = Trunk(trunk, conditioned=True, initialize=False)
+            self.final_adaLN = AdaLNZero(dim, 2)  # shift, scale of the final layer
+            self.final_linear = nn.Linear(dim, patch_size * patch_size * self.out_channels)
         self.register_buffer("pos_embed", sincos_2d(dim, input_size // patch_size).unsqueeze(0))  # fixed
-        self.trunk = Trunk(trunk, conditioned=True)
-        self.final_adaLN = AdaLNZero(dim, 2)  # shift, scale of the final layer
-        self.final_linear = nn.Linear(dim, patch_size * patch_size * self.out_channels)
         self.initialize_weights()
 
-    @torch.no_grad()
     def initialize_weights(self) -> None:
-        """The official DiT ``initialize_weights``, line by line, outside the trunk.
+        """Gives every parameter of :meth:`init_plan` its value at ``self.init_seed`` (models/init_values.py)."""
+        initialize(self, self.init_plan(), self.init_seed)
+
+    def init_plan(self) -> Plan:
+        """The official DiT ``initialize_weights``, line by line, with the trunk's plan; each parameter from its own
+        generator (models/init_values.py), so the draws no longer depend on the official order.
 
         Official: every ``nn.Linear`` gets xavier-uniform weights and ZERO biases (``_basic_init``), then
         some weights are redrawn. So the timestep MLP keeps zero biases under its normal(0.02) weights;
@@ -77,19 +87,29 @@ class DiT(nn.Module):
         ``DiT/models.py``: the blocks' adaLN zeroed for ``'B' in model_name`` or LayerNorm, the final layer only
         for LayerNorm): the blocks start at zero (the trunk), the final adaLN and linear as under false.
         """
-        w = self.x_embedder.proj.weight
-        nn.init.xavier_uniform_(w.view(w.shape[0], -1))  # patch embed like a Linear
-        nn.init.zeros_(self.x_embedder.proj.bias)
-        nn.init.normal_(self.y_embedder.table.weight, std=0.02)
-        for linear in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
-            nn.init.normal_(linear.weight, std=0.02)
-            nn.init.zeros_(linear.bias)
-        for linear in (self.final_adaLN.net[1], self.final_linear):
-            if self.cfg.adaln_zero_init is True:  # zero output at init: the model starts predicting zero noise
-                nn.init.zeros_(linear.weight)  # (AdaLNZero zeroes itself; restated as official does)
-            else:
-                nn.init.xavier_uniform_(linear.weight)
-            nn.init.zeros_(linear.bias)
+
+        def normal(t: Tensor, generator: torch.Generator) -> None:
+            nn.init.normal_(t, std=0.02, generator=generator)
+
+        def flat_xavier(t: Tensor, generator: torch.Generator) -> None:  # the patch embedding like a Linear
+            nn.init.xavier_uniform_(t.view(t.shape[0], -1), generator=generator)
+
+        plan = {
+            "x_embedder.proj.weight": flat_xavier,
+            "x_embedder.proj.bias": zeros,
+            "y_embedder.table.weight": normal,
+            "t_embedder.mlp.0.weight": normal,
+            "t_embedder.mlp.0.bias": zeros,
+            "t_embedder.mlp.2.weight": normal,
+            "t_embedder.mlp.2.bias": zeros,
+        }
+        for name in ("final_adaLN.net.1", "final_linear"):
+            # adaln_zero_init true: zero output at init, the model starts predicting zero noise
+            plan[f"{name}.weight"] = zeros if self.cfg.adaln_zero_init is True else xavier
+            plan[f"{name}.bias"] = zeros
+        shapes = {name: tuple(p.shape) for name, p in self.named_parameters()}
+        own = {name: Init(shapes[name], fill) for name, fill in plan.items()}
+        return {**own, **prefixed("trunk", self.trunk.init_plan())}
 
     def unpatchify(self, x: Tensor) -> Tensor:
         """``(B, T, p*p*C) -> (B, C, H, W)``."""

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import TrunkConfig
+from models.init_values import Init, Plan, draw_seed, initialize, prefixed, rng_unchanged
 from models.layers import Routing, rope_tables
 from models.olmo_init import input_std, olmo_normal_
 from models.trunk import Trunk
@@ -27,6 +28,8 @@ class LanguageModel(nn.Module):
         max_seq_len: longest sequence RoPE tables are built for.
         tie_embeddings: share the input embedding with the output head.
         rope_base: RoPE base frequency.
+        init_seed: the seed of every initial value (models/init_values.py); None draws it from the global
+            generator (one draw; what the constructors draw besides is discarded).
     """
 
     def __init__(
@@ -36,25 +39,41 @@ class LanguageModel(nn.Module):
         max_seq_len: int = 2048,
         tie_embeddings: bool = False,
         rope_base: float = 10000.0,
+        init_seed: int | None = None,
     ) -> None:
         super().__init__()
         if vocab_size <= 0:
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
         self.cfg, self.vocab_size, self.max_seq_len, self.rope_base = trunk, vocab_size, max_seq_len, rope_base
-        self.embed = nn.Embedding(vocab_size, trunk.dim)
-        self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(trunk.dim))) if trunk.learned_embed_scale else None
-        self.trunk = Trunk(trunk)
-        self.head = nn.Linear(trunk.dim, vocab_size, bias=False)
+        self.tie_embeddings = tie_embeddings
+        self.init_seed = draw_seed() if init_seed is None else init_seed
+        with rng_unchanged():  # the constructors' draws are discarded: init_plan gives every random value
+            self.embed = nn.Embedding(vocab_size, trunk.dim)
+            scale = nn.Parameter(torch.full((1,), math.sqrt(trunk.dim))) if trunk.learned_embed_scale else None
+            self.embed_scale = scale
+            self.trunk = Trunk(trunk, initialize=False)
+            self.head = nn.Linear(trunk.dim, vocab_size, bias=False)
         if tie_embeddings:
             self.head.weight = self.embed.weight
         cos, sin = rope_tables(max_seq_len, trunk.dim // trunk.num_heads, rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        init_ = nn.init.normal_ if trunk.init not in ("mitchell", "olmo_normal") else olmo_normal_
-        std = input_std(trunk.dim) if trunk.init == "mitchell" else trunk.init_std  # OLMo's wte and ff_out rules
-        init_(self.embed.weight, std=std)
-        if not tie_embeddings:
-            init_(self.head.weight, std=std)
+        initialize(self, self.init_plan(), self.init_seed)
+
+    def init_plan(self) -> Plan:
+        """The trunk's plan (:meth:`models.trunk.Trunk.init_plan`), the token embedding and the untied head:
+        normal with ``init_std``, or OLMo's rules (``mitchell``: ``1 / sqrt(d)``, ``olmo_normal``: ``init_std``,
+        truncated at 3 std: models/olmo_init.py)."""
+        cfg = self.cfg
+        std = input_std(cfg.dim) if cfg.init == "mitchell" else cfg.init_std  # OLMo's wte and ff_out rules
+        if cfg.init in ("mitchell", "olmo_normal"):
+            fill = lambda t, generator: olmo_normal_(t, std, generator=generator)  # noqa: E731
+        else:
+            fill = lambda t, generator: nn.init.normal_(t, std=std, generator=generator)  # noqa: E731
+        plan = {**prefixed("trunk", self.trunk.init_plan()), "embed.weight": Init(tuple(self.embed.weight.shape), fill)}
+        if not self.tie_embeddings:
+            plan["head.weight"] = Init(tuple(self.head.weight.shape), fill)
+        return plan
 
     def forward(
         self, idx: Tensor, return_aux: bool = False, skip_blocks: frozenset[int] = frozenset()

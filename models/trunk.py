@@ -23,10 +23,13 @@ from timm.layers import DropPath
 from torch import Tensor, nn
 
 from models.config import TrunkConfig
+from models.init_values import Fill, Init, Plan, draw_seed, initialize, rng_unchanged
 from models.layers import AdaLNZero, Attention, Mlp, MoE, Routing, SwiGLU, modulate
+from models.layers.moe import GroupedExperts
 from models.olmo_init import input_std, olmo_normal_, output_std
 from models.recompute import recomputed
 from models.schemes import Readout, Scheme, Site, State, get_scheme
+from models.schemes.mhc import PaperMHC
 
 
 def build_ffn(cfg: TrunkConfig) -> nn.Module:
@@ -37,6 +40,47 @@ def build_ffn(cfg: TrunkConfig) -> nn.Module:
     if cfg.mlp == "swiglu":
         return SwiGLU(cfg.dim, cfg.hidden, bias=cfg.bias)
     return Mlp(cfg.dim, cfg.hidden, bias=cfg.bias, approximate="tanh" if cfg.mlp == "gelu_tanh" else "none")
+
+
+def zeros(t: Tensor, generator: torch.Generator) -> None:
+    """The fill of biases and of zero-initialized layers (draws nothing)."""
+    t.zero_()
+
+
+def xavier(t: Tensor, generator: torch.Generator) -> None:
+    """Xavier-uniform over the last two axes (each leading index its own matrix)."""
+    for m in t.view(-1, *t.shape[-2:]):
+        nn.init.xavier_uniform_(m, generator=generator)
+
+
+def olmo_fill(std: float) -> Fill:
+    """OLMo's truncated normal (``+- 3 std``) with ``std``."""
+    return lambda t, generator: olmo_normal_(t, std, generator=generator)
+
+
+def matrix_fill(cfg: TrunkConfig) -> Fill:
+    """Step 1 of :meth:`Trunk.init_plan` for a weight ``(out, in)``, or ``(E, in, out)`` for MoE experts."""
+    if cfg.init == "xavier":
+        return xavier
+    if cfg.init == "normal":
+        return lambda t, generator: nn.init.normal_(t, std=cfg.init_std, generator=generator)
+    if cfg.init in ("mitchell", "olmo_normal"):
+        return olmo_fill(input_std(cfg.dim) if cfg.init == "mitchell" else cfg.init_std)
+    return lambda t, generator: nn.init.trunc_normal_(t, std=cfg.init_std, generator=generator)
+
+
+def scaled(fill: Fill, factors: tuple[tuple[int, float], ...] | list[tuple[int, float]]) -> Fill:
+    """``fill``, then rows ``first:`` multiplied by ``factor`` for each ``(first, factor)`` (a factor 1 skipped)."""
+    factors = [(first, factor) for first, factor in factors if factor != 1.0]
+    if not factors:
+        return fill
+
+    def fill_scaled(t: Tensor, generator: torch.Generator) -> None:
+        fill(t, generator)
+        for first, factor in factors:
+            t[first:].mul_(factor)
+
+    return fill_scaled
 
 
 def recompute_site(cfg: TrunkConfig, site: Scheme | Readout) -> bool:
@@ -121,13 +165,23 @@ class Trunk(nn.Module):
     Args:
         cfg: shape and scheme.
         conditioned: adaLN-Zero mode (DiT): ``forward`` then needs ``cond`` of shape ``(B, D)``.
+        initialize: draw the init seed (one draw from the global generator, which is otherwise left as it was)
+            and initialize; False when the network around the trunk initializes it (its plan includes
+            :meth:`init_plan`).
     """
 
-    def __init__(self, cfg: TrunkConfig, conditioned: bool = False) -> None:
+    def __init__(self, cfg: TrunkConfig, conditioned: bool = False, initialize: bool = True) -> None:
         super().__init__()
         if not (cfg.adaln_zero_init or conditioned):
             raise ValueError("trunk adaln_zero_init=false needs a conditioned (DiT) trunk; this one has no adaLN")
         self.cfg, self.conditioned = cfg, conditioned
+        self.init_seed = draw_seed() if initialize else None
+        with rng_unchanged():  # the constructors' draws are discarded: the plan gives every random value
+            self._build(cfg, conditioned)
+        if initialize:
+            self.init_weights()
+
+    def _build(self, cfg: TrunkConfig, conditioned: bool) -> None:
         self.scheme = get_scheme(cfg.norm_scheme)
         rates = [cfg.drop_path * b / max(cfg.depth - 1, 1) for b in range(cfg.depth)]  # grows with depth
         self.blocks = nn.ModuleList(Block(cfg, b, conditioned, rates[b]) for b in range(cfg.depth))
@@ -144,62 +198,58 @@ class Trunk(nn.Module):
         )
         self.readout = self.scheme.readout(readout_site)
         self.recompute_readout = recompute_site(cfg, self.readout)
-        self.init_weights()
 
-    @torch.no_grad()
     def init_weights(self) -> None:
-        """Every init decision of the trunk, in one place.
+        """Gives every parameter of :meth:`init_plan` its value at ``self.init_seed`` (models/init_values.py)."""
+        initialize(self, self.init_plan(), self.init_seed)
+
+    def init_plan(self) -> Plan:
+        """Every init decision of the trunk, in one place, as one fill per random parameter (names relative to the
+        trunk; each draws from its own generator, models/init_values.py).
 
         1. Linear weights: trunc-normal / normal with ``init_std``, xavier-uniform, or OLMo's truncated normals
            (``mitchell``: ``1 / sqrt(d)``; ``olmo_normal``: ``init_std``; models/olmo_init.py); biases zero.
+           mHC's stream projection ``hc_fn``: xavier-uniform, as its constructor draws it.
         2. GPT-2 recipe (``scaled_output_init``): residual output projections get ``std / sqrt(2L)``; Mitchell's:
-           with ``init: mitchell`` block l's output projections get ``1 / sqrt(2 fan_in (l + 1))`` instead.
+           with ``init: mitchell`` block l's output projections are drawn with ``1 / sqrt(2 fan_in (l + 1))``
+           instead.
         3. The scheme's branch gain (DeepNorm's beta) scales value, attention-output and MLP weights.
-        4. Norm scales start at 1 and shifts at 0 (their own defaults; DyT's alpha at its site's value);
-           adaLN-Zero layers start at zero (``adaln_zero_init`` true or "blocks"), or (false: DyT's DiT port) keep
-           step 1's init.
+        4. Norm scales start at 1 and shifts at 0 (their own defaults, outside the plan; DyT's alpha at its site's
+           value); adaLN-Zero layers start at zero (``adaln_zero_init`` true or "blocks"), or (false: DyT's DiT
+           port) keep step 1's init.
         """
         cfg = self.cfg
-
-        def init_matrix(w: Tensor) -> None:  # (out, in), or (E, in, out) for MoE experts
-            if cfg.init == "xavier":
-                for m in w.view(-1, *w.shape[-2:]):
-                    nn.init.xavier_uniform_(m)
-            elif cfg.init == "normal":
-                nn.init.normal_(w, std=cfg.init_std)
-            elif cfg.init in ("mitchell", "olmo_normal"):
-                olmo_normal_(w, input_std(cfg.dim) if cfg.init == "mitchell" else cfg.init_std)
-            else:
-                nn.init.trunc_normal_(w, std=cfg.init_std)
-
-        for module in self.modules():
+        matrix = matrix_fill(cfg)
+        draws: dict[str, Fill] = {}
+        for prefix, module in self.named_modules():
+            at = f"{prefix}." if prefix else ""
             if isinstance(module, nn.Linear):
-                init_matrix(module.weight)
+                draws[f"{at}weight"] = matrix
                 if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, MoE):
-                init_matrix(module.w_in)
-                init_matrix(module.w_out)
-        if cfg.init == "mitchell" and cfg.scaled_output_init:
-            for layer_id, block in enumerate(self.blocks):
-                olmo_normal_(block.attn.proj.weight, output_std(cfg.dim, layer_id))  # attn_out
-                out = block.mlp.w_out if isinstance(block.mlp, MoE) else block.mlp.fc2.weight
-                olmo_normal_(out, output_std(out.shape[-2] if out.ndim == 3 else out.shape[-1], layer_id))  # ff_out
+                    draws[f"{at}bias"] = zeros
+            elif isinstance(module, GroupedExperts):
+                draws[f"{at}w_in"] = draws[f"{at}w_out"] = matrix
+            elif isinstance(module, PaperMHC):
+                draws[f"{at}hc_fn"] = xavier
+        scales: dict[str, list[tuple[int, float]]] = {}  # name -> (first row, factor) multiplied after the draw
         gain = self.scheme.branch_init_gain(cfg.depth)
         out_gain = gain / math.sqrt(2 * cfg.depth) if cfg.scaled_output_init and cfg.init != "mitchell" else gain
-        for block in self.blocks:
-            block.attn.qkv.weight[cfg.dim + block.attn.kv_dim :].mul_(gain)  # the value rows of the fused QKV
-            block.attn.proj.weight.mul_(out_gain)
-            ffn = block.mlp
-            if isinstance(ffn, MoE):
-                ffn.w_in.mul_(gain)
-                ffn.w_out.mul_(out_gain)
-            else:
-                ffn.fc1.weight.mul_(gain)
-                ffn.fc2.weight.mul_(out_gain)
+        for layer_id, block in enumerate(self.blocks):
+            at = f"blocks.{layer_id}."
+            moe = isinstance(block.mlp, MoE)
+            ffn_in, ffn_out = (f"{at}mlp.experts.w_in", f"{at}mlp.experts.w_out") if moe else (
+                f"{at}mlp.fc1.weight", f"{at}mlp.fc2.weight")  # fmt: skip
+            if cfg.init == "mitchell" and cfg.scaled_output_init:
+                draws[f"{at}attn.proj.weight"] = olmo_fill(output_std(cfg.dim, layer_id))  # attn_out
+                out = block.mlp.w_out if moe else block.mlp.fc2.weight
+                draws[ffn_out] = olmo_fill(output_std(out.shape[-2] if moe else out.shape[-1], layer_id))  # ff_out
+            scales[f"{at}attn.qkv.weight"] = [(cfg.dim + block.attn.kv_dim, gain)]  # the value rows of the fused QKV
+            scales[f"{at}attn.proj.weight"] = [(0, out_gain)]
+            scales[ffn_in], scales[ffn_out] = [(0, gain)], [(0, out_gain)]
             if block.adaLN is not None and cfg.adaln_zero_init:
-                nn.init.zeros_(block.adaLN.net[1].weight)
-                nn.init.zeros_(block.adaLN.net[1].bias)
+                draws[f"{at}adaLN.net.1.weight"] = draws[f"{at}adaLN.net.1.bias"] = zeros
+        shapes = {name: tuple(p.shape) for name, p in self.named_parameters()}
+        return {name: Init(shapes[name], scaled(fill, scales.get(name, ()))) for name, fill in draws.items()}
 
     def forward(
         self,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from timm.layers import PatchEmbed
 from torch import Tensor, nn
 
 from models.config import TrunkConfig
-from models.trunk import Trunk
+from models.init_values import Fill, Init, Plan, draw_seed, initialize, prefixed, rng_unchanged
+from models.trunk import Trunk, zeros
 
 
 class ViTClassifier(nn.Module):
@@ -20,6 +23,8 @@ class ViTClassifier(nn.Module):
         in_chans: input channels.
         num_classes: classifier outputs.
         drop_rate: dropout before the head.
+        init_seed: the seed of every initial value (models/init_values.py); None draws it from the global
+            generator (one draw; what the constructors draw besides is discarded).
     """
 
     def __init__(
@@ -30,6 +35,7 @@ class ViTClassifier(nn.Module):
         in_chans: int = 3,
         num_classes: int = 1000,
         drop_rate: float = 0.0,
+        init_seed: int | None = None,
     ) -> None:
         super().__init__()
         if trunk.learned_embed_scale:
@@ -37,27 +43,52 @@ class ViTClassifier(nn.Module):
         if img_size % patch_size:
             raise ValueError(f"img_size {img_size} is not divisible by patch_size {patch_size}")
         self.cfg, self.num_classes = trunk, num_classes
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, trunk.dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, trunk.dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, trunk.dim))
-        self.trunk = Trunk(trunk)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(trunk.dim, num_classes)
+        self.init_seed = draw_seed() if init_seed is None else init_seed
+        with rng_unchanged():  # the constructors' draws are discarded: init_plan gives every random value
+            self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, trunk.dim)
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, trunk.dim))
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, trunk.dim))
+            self.trunk = Trunk(trunk, initialize=False)
+            self.head_drop = nn.Dropout(drop_rate)
+            self.head = nn.Linear(trunk.dim, num_classes)
         self.initialize_weights()
 
-    @torch.no_grad()
     def initialize_weights(self) -> None:
-        """The DeiT training code's init: timm 0.3.2's ``VisionTransformer`` (DeiT's requirements.txt).
+        """Gives every parameter of :meth:`init_plan` its value at ``self.init_seed`` (models/init_values.py)."""
+        initialize(self, self.init_plan(), self.init_seed)
+
+    def init_plan(self) -> Plan:
+        """The DeiT training code's init: timm 0.3.2's ``VisionTransformer`` (DeiT's requirements.txt), each
+        parameter from its own generator (models/init_values.py).
 
         ``pos_embed`` and ``cls_token``: trunc-normal, std 0.02 (recent timm draws the class token
         with std 1e-6 instead; DeiT trained with 0.02). Every Linear, the head included: trunc-normal
-        std 0.02 and zero bias (the trunk does its own with ``init="trunc_normal"``, ``init_std=0.02``);
-        LayerNorms: weight 1, bias 0 (their defaults); the patch-embedding conv keeps PyTorch's default.
+        std 0.02 and zero bias (the trunk's plan with ``init="trunc_normal"``, ``init_std=0.02``);
+        LayerNorms: weight 1, bias 0 (their defaults); the patch-embedding conv at PyTorch's default
+        (``Conv2d.reset_parameters``: kaiming-uniform with ``a = sqrt(5)``, bias uniform ``+- 1 / sqrt(fan_in)``).
         """
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.head.weight, std=self.cfg.init_std)
-        nn.init.zeros_(self.head.bias)
+        conv = self.patch_embed.proj
+        bound = 1 / math.sqrt(conv.weight[0].numel())  # fan_in = in_chans * patch * patch
+
+        def shape(p: Tensor) -> tuple[int, ...]:
+            return tuple(p.shape)
+
+        def normal(std: float) -> Fill:
+            return lambda t, generator: nn.init.trunc_normal_(t, std=std, generator=generator)
+
+        plan = {
+            "patch_embed.proj.weight": Init(
+                shape(conv.weight), lambda t, g: nn.init.kaiming_uniform_(t, a=math.sqrt(5), generator=g)
+            ),
+            "cls_token": Init(shape(self.cls_token), normal(0.02)),
+            "pos_embed": Init(shape(self.pos_embed), normal(0.02)),
+            **prefixed("trunk", self.trunk.init_plan()),
+            "head.weight": Init(shape(self.head.weight), normal(self.cfg.init_std)),
+            "head.bias": Init(shape(self.head.bias), zeros),
+        }
+        if conv.bias is not None:
+            plan["patch_embed.proj.bias"] = Init(shape(conv.bias), lambda t, g: nn.init.uniform_(t, -bound, bound, g))
+        return plan
 
     def forward_features(self, x: Tensor, skip_blocks: frozenset[int] = frozenset()) -> Tensor:
         """Images ``(B, C, H, W)`` -> trunk output ``(B, 1 + num_patches, D)``."""

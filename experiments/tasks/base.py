@@ -4,6 +4,7 @@ and the files a stage writes besides the run directory's own (checked by the CLI
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +12,18 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from timm.utils import ModelEmaV3
 from torch.distributed.fsdp import FSDPModule
 
 from experiments.monitoring.hparams import declare_hparams
 from experiments.monitoring.throughput import Throughput
 from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_grads
 from experiments.parallel.clip import clip_grad_norm
+from experiments.parallel.meta_init import materialize, on_meta, plan_of
 from experiments.parallel.streams import RankStreams
 from experiments.tasks.optim import OptimConfig, build_optimizer
 from models import TrunkConfig
+from models.init_values import meta_parameters
 
 
 class TaskModule(L.LightningModule):
@@ -36,10 +40,41 @@ class TaskModule(L.LightningModule):
     key_metric: str = "val/loss"
     test_metrics: tuple[str, ...] = ()
 
-    def __init__(self, trunk: TrunkConfig, optim: OptimConfig, parallel: ParallelConfig | None = None) -> None:
+    def __init__(
+        self, trunk: TrunkConfig, optim: OptimConfig, parallel: ParallelConfig | None = None, meta_init: bool = False
+    ) -> None:
         super().__init__()
         self.trunk_cfg, self.optim_cfg = trunk, optim
         self.parallel_cfg = parallel or ParallelConfig()
+        self.meta_init = meta_init
+
+    def building(self) -> AbstractContextManager:
+        """Where a subclass builds ``self.net``: with ``meta_init``, its large tensors on the meta device
+        (:func:`models.init_values.meta_parameters`), given their values in :meth:`configure_model`."""
+        return meta_parameters() if self.meta_init else nullcontext()
+
+    def ema_of(self, net: torch.nn.Module, **kwargs: Any) -> ModelEmaV3:
+        """timm's ``ModelEmaV3(net, **kwargs)``, also of a network built with ``meta_init``: timm makes the EMA's
+        stochastic-rounding generator (bfloat16 EMA weights only) on the device of the first parameter, which then
+        is a meta tensor; a CPU stand-in takes its place while timm copies the network (where a network built in
+        full has its generator), and the copy gets a meta tensor of the parameter's shape back."""
+        name, first = next(iter(net.named_parameters()))
+        if not first.is_meta:
+            return ModelEmaV3(net, **kwargs)
+        owner, _, leaf = name.rpartition(".")
+        net.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(torch.empty(0))
+        try:
+            ema = ModelEmaV3(net, **kwargs)
+        finally:
+            net.get_submodule(owner)._parameters[leaf] = first
+        ema.module.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(torch.empty_like(first))
+        return ema
+
+    def networks(self) -> list[torch.nn.Module]:
+        """The network and its EMA copy (when the task keeps one)."""
+        ema = getattr(self, "ema", None)
+        nets = [self.net] if isinstance(getattr(self, "net", None), torch.nn.Module) else []
+        return nets + ([ema.module] if isinstance(ema, torch.nn.Module) else [])
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Every task draws its training randomness per data-parallel rank (:mod:`experiments.parallel.streams`)
@@ -55,20 +90,31 @@ class TaskModule(L.LightningModule):
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy``: tensor parallelism (``tensor_parallel_size`` > 1), then FSDP2, applied to
         the network (and to its EMA copy, the same way, so the two stay shard for shard). Every other strategy
-        leaves the module as it is. Lightning calls this at every stage; the second call does nothing.
+        leaves the module as it is. Then, for a network built with ``meta_init``, each rank draws the values of its
+        own shards (:mod:`experiments.parallel.meta_init`; under any other strategy, the whole network), the same
+        bits as a network built in full. Lightning calls this at every stage; the second call does nothing.
 
         Raises:
             ValueError: a network or trunk the mesh cannot shard (one line saying why and what is valid).
         """
-        mesh, net = self._device_mesh, getattr(self, "net", None)
-        if mesh is None or (net is not None and is_parallelized(net)):
+        nets = self.networks()
+        plans = [(net, plan_of(net)) for net in nets if on_meta(net)]  # before parallelize packs the projections
+        if self._device_mesh is not None:
+            self.parallelize_networks(nets)
+        trainer = getattr(self, "_trainer", None)
+        device = trainer.strategy.root_device if trainer is not None and self._device_mesh is not None else "cpu"
+        for net, plan in plans:
+            materialize(net, plan, net.init_seed, device)
+
+    def parallelize_networks(self, nets: list[torch.nn.Module]) -> None:
+        """Shards ``nets`` over the strategy's mesh (each once: ``configure_model`` runs at every stage)."""
+        mesh = self._device_mesh
+        if not nets or is_parallelized(nets[0]):
             return
-        if getattr(net, "trunk", None) is None:  # the VAE
+        if getattr(nets[0], "trunk", None) is None:  # the VAE
             raise ValueError(f"{type(self).__name__} has no trunk to shard; valid strategies for it: auto, ddp")
-        parallelize(self.net, mesh, self.parallel_cfg, self.sequence_length)
-        ema = getattr(self, "ema", None)
-        if isinstance(ema, torch.nn.Module):
-            parallelize(ema.module, mesh, self.parallel_cfg, self.sequence_length)
+        for net in nets:
+            parallelize(net, mesh, self.parallel_cfg, self.sequence_length)
 
     def configure_gradient_clipping(
         self, optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.utils import ModelEmaV3
 from torch import Tensor
 from torchmetrics import MeanMetric
 
@@ -70,6 +69,9 @@ class LatentDiffusion(TaskModule):
         sample_grid_every_n_val: log a sample grid to TensorBoard every n validations (0: never).
         output_dir: where ``predict`` writes PNGs and the ``.npz`` batch (default: the run dir).
         parallel: FSDP2 settings under ``ModelParallelStrategy`` (``configs/trainer/fsdp2.yaml``).
+        meta_init: build the network's large tensors on the meta device and give each rank only its own shards'
+            values once the strategy has laid out the mesh (``configure_model``; experiments/parallel/meta_init.py):
+            no rank ever holds the whole network. The values are the same bits as with false.
     """
 
     task = "dit"
@@ -105,8 +107,9 @@ class LatentDiffusion(TaskModule):
         sample_grid_every_n_val: int = 1,
         output_dir: str | None = None,
         parallel: ParallelConfig | None = None,
+        meta_init: bool = False,
     ) -> None:
-        super().__init__(trunk, optim, parallel)
+        super().__init__(trunk, optim, parallel, meta_init)
         check_sampling_settings(
             sampler, sample_steps, guidance_scale, cfg_channels, latent_channels, ema_decay, class_dropout_prob
         )
@@ -120,10 +123,13 @@ class LatentDiffusion(TaskModule):
                 f"model.init_args.fid_feature={fid_feature}; valid: one of {', '.join(map(str, FID_FEATURE_DIMS))}"
             )
         self.save_hyperparameters()
-        self.net = DiT(trunk, latent_size, patch_size, latent_channels, num_classes, class_dropout_prob, learn_sigma)
+        with self.building():
+            self.net = DiT(
+                trunk, latent_size, patch_size, latent_channels, num_classes, class_dropout_prob, learn_sigma
+            )
         # Parameters only: the DiT's buffers are constants (sin-cos tables), and under FSDP2 they stay plain tensors
         # beside sharded parameters, which one fused EMA update cannot mix.
-        self.ema = ModelEmaV3(self.net, decay=ema_decay, use_warmup=ema_warmup, exclude_buffers=True)
+        self.ema = self.ema_of(self.net, decay=ema_decay, use_warmup=ema_warmup, exclude_buffers=True)
         self.train_scheduler = make_scheduler("ddpm", num_train_timesteps, beta_schedule, learn_sigma)
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self._val_count = 0

@@ -88,6 +88,9 @@ class LanguageModeling(TaskModule):
             weights replace the fresh init (a resumed fit then restores its checkpoint over them; ``test`` and
             ``predict`` never read it); its trunk must be this one (dropouts and recomputation may differ).
         parallel: FSDP2 settings under ``ModelParallelStrategy`` (``configs/trainer/fsdp2.yaml``).
+        meta_init: build the network's large tensors on the meta device and give each rank only its own shards'
+            values once the strategy has laid out the mesh (``configure_model``; experiments/parallel/meta_init.py):
+            no rank ever holds the whole network. The values are the same bits as with false.
     """
 
     task = "lm"
@@ -109,10 +112,17 @@ class LanguageModeling(TaskModule):
         downstream: DownstreamConfig | None = None,
         init_from: str | None = None,
         parallel: ParallelConfig | None = None,
+        meta_init: bool = False,
     ) -> None:
-        super().__init__(trunk, optim, parallel)
+        super().__init__(trunk, optim, parallel, meta_init)
+        if meta_init and init_from is not None:  # the export is read into the whole network, before any sharding
+            raise ValueError(
+                f"model.init_args.meta_init=true with init_from={init_from!r}: the exported weights replace the "
+                "fresh init in the whole network; valid: meta_init false to start from an export"
+            )
         self.save_hyperparameters()
-        self.net = LanguageModel(trunk, vocab_size, max_seq_len=seq_len, tie_embeddings=tie_embeddings)
+        with self.building():
+            self.net = LanguageModel(trunk, vocab_size, max_seq_len=seq_len, tie_embeddings=tie_embeddings)
         self.moe_aux_weight = moe_aux_weight if trunk.moe_experts else 0.0
         self.moe_z_weight = moe_z_weight if trunk.moe_experts else 0.0
         self.z_loss_weight = z_loss_weight

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from annotated_types import Ge, Interval
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from timm.utils import ModelEmaV3
 from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -37,6 +36,9 @@ class ImageClassification(TaskModule):
         label_smoothing: smoothing of the (mixed) targets.
         ema_decay: keep an EMA of the weights and evaluate it (None disables; DeiT: 0.99996).
         parallel: FSDP2 settings under ``ModelParallelStrategy`` (``configs/trainer/fsdp2.yaml``).
+        meta_init: build the network's large tensors on the meta device and give each rank only its own shards'
+            values once the strategy has laid out the mesh (``configure_model``; experiments/parallel/meta_init.py):
+            no rank ever holds the whole network. The values are the same bits as with false.
     """
 
     task = "vit"
@@ -57,10 +59,12 @@ class ImageClassification(TaskModule):
         label_smoothing: Annotated[float, Interval(ge=0, lt=1)] = 0.1,
         ema_decay: Annotated[float, Interval(gt=0, lt=1)] | None = None,
         parallel: ParallelConfig | None = None,
+        meta_init: bool = False,
     ) -> None:
-        super().__init__(trunk, optim, parallel)
+        super().__init__(trunk, optim, parallel, meta_init)
         self.save_hyperparameters()
-        self.net = ViTClassifier(trunk, img_size, patch_size, 3, num_classes, drop_rate)
+        with self.building():
+            self.net = ViTClassifier(trunk, img_size, patch_size, 3, num_classes, drop_rate)
         self.mixup = (
             Mixup(
                 mixup_alpha,
@@ -74,7 +78,7 @@ class ImageClassification(TaskModule):
         )
         self.soft_ce = SoftTargetCrossEntropy()
         self.label_smoothing = label_smoothing
-        self.ema = ModelEmaV3(self.net, decay=ema_decay) if ema_decay else None
+        self.ema = self.ema_of(self.net, decay=ema_decay) if ema_decay else None
         splits = ("val", "test")
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in splits})
         self.acc1 = torch.nn.ModuleDict({s: MulticlassAccuracy(num_classes, top_k=1, average="micro") for s in splits})

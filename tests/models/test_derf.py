@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from models import DiT, LanguageModel, Trunk, TrunkConfig
+from models.init_values import param_seed
 from models.norms import Derf, build_norm
 from models.schemes import NormScheme
 
@@ -102,20 +103,25 @@ def test_dit_port_zeroes_what_its_initialize_weights_zeroes(normtype: str, model
 
 
 def test_dit_port_final_layer_values_in_float64():
-    """Init values, not only zeros: in float64, ``initialize_weights`` draws (seeded) exactly what the source's
-    ``_basic_init`` + redraws would, in its order: patch embed xavier (as a Linear), label table normal(0.02), the
-    timestep MLP normal(0.02), then the final adaLN and the final linear xavier-uniform with zero biases."""
+    """Init values, not only zeros: ``initialize_weights`` draws what the source's ``_basic_init`` + redraws would:
+    patch embed xavier (as a Linear), label table normal(0.02), the timestep MLP normal(0.02), then the final adaLN
+    and the final linear xavier-uniform with zero biases; each from its own generator seeded by the network seed
+    and the parameter's name (models/init_values.py: so a rank can draw one parameter without the others), drawn
+    in float32 and cast to the network's float64."""
     cfg = TrunkConfig(dim=D, depth=1, num_heads=HEADS, norm_layer="derf", init="xavier", adaln_zero_init="blocks")
     dit = DiT(cfg, input_size=4, patch_size=2, num_classes=3).double()
-    torch.manual_seed(7)
     dit.initialize_weights()
-    torch.manual_seed(7)
-    patch = torch.nn.init.xavier_uniform_(torch.empty(D, 4 * 2 * 2, dtype=torch.float64))
-    table = torch.nn.init.normal_(torch.empty_like(dit.y_embedder.table.weight), std=0.02)
-    t0 = torch.nn.init.normal_(torch.empty_like(dit.t_embedder.mlp[0].weight), std=0.02)
-    t2 = torch.nn.init.normal_(torch.empty_like(dit.t_embedder.mlp[2].weight), std=0.02)
-    ada = torch.nn.init.xavier_uniform_(torch.empty(2 * D, D, dtype=torch.float64))
-    final = torch.nn.init.xavier_uniform_(torch.empty(2 * 2 * 8, D, dtype=torch.float64))
+
+    def drawn(name: str, shape: tuple[int, ...], init, **kwargs) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(param_seed(dit.init_seed, name))
+        return init(torch.empty(shape), generator=generator, **kwargs).double()
+
+    patch = drawn("x_embedder.proj.weight", (D, 4 * 2 * 2), torch.nn.init.xavier_uniform_)
+    table = drawn("y_embedder.table.weight", tuple(dit.y_embedder.table.weight.shape), torch.nn.init.normal_, std=0.02)
+    t0 = drawn("t_embedder.mlp.0.weight", tuple(dit.t_embedder.mlp[0].weight.shape), torch.nn.init.normal_, std=0.02)
+    t2 = drawn("t_embedder.mlp.2.weight", tuple(dit.t_embedder.mlp[2].weight.shape), torch.nn.init.normal_, std=0.02)
+    ada = drawn("final_adaLN.net.1.weight", (2 * D, D), torch.nn.init.xavier_uniform_)
+    final = drawn("final_linear.weight", (2 * 2 * 8, D), torch.nn.init.xavier_uniform_)
     assert torch.equal(dit.x_embedder.proj.weight.flatten(1), patch)
     assert torch.equal(dit.y_embedder.table.weight, table)
     assert torch.equal(dit.t_embedder.mlp[0].weight, t0) and torch.equal(dit.t_embedder.mlp[2].weight, t2)
