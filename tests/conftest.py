@@ -7,7 +7,11 @@
 - tests that use a module-scoped fixture run on one worker, back to back, so the fixture (often a
   trained run) is built once, as in a serial run; tests marked ``xdist_group(PROCESSES)`` (several
   busy processes at once: DDP ranks, parallel sweep runs) run one after another, never two at a time;
-- the ``slow`` tests are handed out first, so no long test starts last while the other worker idles.
+- the work is handed out longest first, so no long stretch starts last while the other workers idle: the
+  ``PROCESSES`` group (one worker runs it from the start, a few minutes of one-after-another), then the ``slow``
+  tests, then the tests that share a module fixture, then the rest (pyproject.toml turns off xdist's own
+  reordering by test count, which handed the PROCESSES group out third, after test_bad_input.py's and
+  test_config_checks.py's groups, so it began only when one of those had finished).
 
 ``python -m pytest -n 0`` runs everything in this one process (for ``--pdb``), in file order.
 """
@@ -51,8 +55,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-    # Stable: slow tests first, each group of tests still in file order.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # Stable: longest work first (see the docstring), each group of tests still in file order.
+    items.sort(key=_hand_out_order)
+
+
+def _hand_out_order(item: pytest.Item) -> int:
+    """0 for the PROCESSES group, 1 for a slow test, 2 for one sharing a module fixture, 3 for the rest."""
+    group = item.get_closest_marker("xdist_group")
+    if group is not None and (group.args or [group.kwargs.get("name")])[0] == PROCESSES:
+        return 0
+    if item.get_closest_marker("slow") is not None:
+        return 1
+    return 2 if group is not None else 3
 
 
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
