@@ -4,7 +4,9 @@ Resolves the config as ``fit`` would read it (the ``-c`` files merged in order, 
 prints the per-device peak of one training step, without and with activation checkpointing, under the run's
 strategy and precision, and whether it fits the device memory named (80 GB unless ``--gpu-memory`` says).
 Nothing is allocated: the real network runs on fake tensors over a fake process group of the run's world
-size (:mod:`experiments.parallel.memory`)::
+size (:mod:`experiments.parallel.memory`). Then one training step runs on fake CUDA tensors in the GPU's dtypes
+(:mod:`experiments.parallel.fake_step`): a device or dtype a GPU would refuse ends the command with one
+``error:`` line, exit 2, after the memory lines::
 
     python -m experiments estimate -c configs/lm/olmo-1b.yaml --gpu-memory 80GB
     python -m experiments estimate -c configs/lm/olmo-1b.yaml \\
@@ -16,16 +18,24 @@ from __future__ import annotations
 
 import time
 
+from experiments.parallel.fake_step import FakeStepError
 from experiments.parallel.memory import fits_line, format_estimate, measure, parse_memory, size
-from experiments.reliability.errors import ArgumentParser
-from experiments.sweeps.estimate import data_facts, memory_inputs, per_device_batch, resolve_config, task_name
+from experiments.reliability.errors import ArgumentParser, SuiteError
+from experiments.sweeps.estimate import (
+    data_facts,
+    fake_step,
+    memory_inputs,
+    per_device_batch,
+    resolve_config,
+    task_name,
+)
 from fileio.checks import InputError
 
 DEFAULT_GPU_MEMORY = "80GB"
 
 
-def report(argv: list[str], gpu_memory: int) -> str:
-    """The lines ``estimate`` prints for one resolved config."""
+def report(argv: list[str], gpu_memory: int) -> tuple[str, str | None]:
+    """The lines ``estimate`` prints for one resolved config, and the fake CUDA step's failure (None: it ran)."""
     if not any(a in ("-c", "--config") for a in argv):
         raise InputError("no config given; valid: python -m experiments estimate -c CONFIG.yaml [-c ...]")
     stray = [
@@ -52,7 +62,16 @@ def report(argv: list[str], gpu_memory: int) -> str:
     data_note = data_facts(task_name(config), config, {})[1]
     lines += [f"  note: {n}" for n in (*notes, data_note) if n]
     lines.append("  not counted: CUDA context and workspaces (~0.5-1 GB), allocator fragmentation")
-    return "\n".join(lines)
+    failure = None
+    try:
+        step = fake_step(config)
+        what = "fake CUDA step (forward, loss, backward, clip, AdamW)"
+        lines.append(f"  {what}: {step.describe()}  [{step.seconds:.1f} s]")
+        lines += [f"    assumed: {n}" for n in step.notes]
+    except FakeStepError as exc:
+        failure = f"fake CUDA step of this config failed: {exc}"
+        lines.append(f"  fake CUDA step: FAILED ({exc})")
+    return "\n".join(lines), failure
 
 
 def main(args: list[str]) -> None:
@@ -67,4 +86,7 @@ def main(args: list[str]) -> None:
     )
     known, rest = parser.parse_known_args(args)
     gpu_memory = parse_memory(known.gpu_memory)
-    print(report(rest, gpu_memory))
+    text, failure = report(rest, gpu_memory)
+    print(text)
+    if failure:
+        raise SuiteError(failure)

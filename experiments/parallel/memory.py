@@ -76,6 +76,7 @@ class MemorySetup:
         precision: Lightning's precision string ("bf16-mixed", "32-true", ...).
         param_dtype: the dtype FSDP2 all-gathers in ("float32", "bfloat16"): the config's, "auto" resolved
             for the run's accelerator.
+        reduce_dtype: the dtype FSDP2 reduce-scatters gradients in.
         reshard_after_forward: FSDP2's ZeRO-3 (True) or ZeRO-2 (False).
         checkpointing: the run's own activation checkpointing (the trunk's switch or the strategy's policy).
         notes: what the setup assumed (e.g. an FSDP1 strategy estimated as FSDP2).
@@ -87,6 +88,7 @@ class MemorySetup:
     tensor_parallel: int = 1
     precision: str = "32-true"
     param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
     reshard_after_forward: bool = True
     checkpointing: bool = False
     notes: tuple[str, ...] = ()
@@ -238,14 +240,16 @@ def setup_from_config(config: dict) -> MemorySetup:
             )
         return MemorySetup(
             "fsdp2", data_parallel=dp, tensor_parallel=tp, param_dtype=param_dtype,
-            reshard_after_forward=parallel.reshard_after_forward, **common,
+            reduce_dtype=parallel.reduce_dtype, reshard_after_forward=parallel.reshard_after_forward, **common,
         )  # fmt: skip
     if name in (FSDP1, "fsdp"):
         policy = bool(init.get("activation_checkpointing_policy") or init.get("activation_checkpointing"))
         note = f"{FSDP1} (FSDP1) estimated as FSDP2 full sharding over all {world} devices"
         common["checkpointing"] = checkpointing or policy
         common["notes"] = (note, *common.get("notes", ()))
-        return MemorySetup("fsdp2", data_parallel=world, param_dtype=param_dtype, **common)
+        return MemorySetup(
+            "fsdp2", data_parallel=world, param_dtype=param_dtype, reduce_dtype=parallel.reduce_dtype, **common
+        )
     if name in ("ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "DDPStrategy") or (name == "auto" and world > 1):
         return MemorySetup("ddp", **common)
     if name in ("auto", "single_device", "SingleDeviceStrategy"):
@@ -357,7 +361,7 @@ def workload_for(task: str, network: dict, batch_size: int, ema: bool = False) -
 # ------------------------------------------------------------------------------------------------ measuring
 
 
-class _AnswerDataReads(TorchDispatchMode):
+class AnswerDataReads(TorchDispatchMode):
     """Answers what fake tensors cannot: a count over expert ids (``bincount`` with ``minlength`` E, whose size
     is E since every id is below it) and an integer read into Python (``int(counts.max())``), with ``value``."""
 
@@ -445,7 +449,7 @@ def measure(workload: Workload, setup: MemorySetup, activation_checkpointing: bo
                 tracker.track_external(net, opt, *batch)
             if ema is not None:
                 tracker.track_external(ema)
-            answer = _AnswerDataReads(workload.capacity) if workload.capacity else contextlib.nullcontext()
+            answer = AnswerDataReads(workload.capacity) if workload.capacity else contextlib.nullcontext()
             if workload.capacity:
                 notes.append(
                     f"MoE capacity assumed balanced ({workload.capacity:,} tokens per expert), no expert parallelism"

@@ -6,9 +6,12 @@
                           ViT / DiT: FLOPs of one image's forward + backward, measured with
                           torch.utils.flop_counter on the meta device, times the images trained on
                           (DiT with ``test``: plus the sampler's forward passes for FID)
-             --hours----> GPU-hours = FLOPs / (peak FLOP/s x MFU), the MFU stated with the number
+             --hours----> GPU-hours = FLOPs / (peak FLOP/s x MFU): the MFU a finished run of the same network
+                          measured (its summary.json ``perf.mfu``) when the sweep directory holds one, else the
+                          spec's assumed ``compute.mfu``; the run's note says which
              --memory---> per-GPU peak of one training step under the run's strategy and precision,
-                          measured on fake tensors (experiments.parallel.memory)
+                          measured on fake tensors (experiments.parallel.memory), and one training step on
+                          fake CUDA tensors in the GPU's dtypes (experiments.parallel.fake_step)
 
 The merge here covers what the estimate reads (sizes, batch, devices, budget); the sweep never builds a task
 module (runs are processes). A test checks it against the real CLI for every run of every shipped spec.
@@ -21,13 +24,15 @@ import functools
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
+from experiments.monitoring.records import SUMMARY_FILE, read_json
+from experiments.parallel.fake_step import FakeStepError, FakeStepResult, StepOptions, fake_cuda_step, step_options
 from experiments.parallel.memory import (
     GB,
     MemoryEstimate,
@@ -39,7 +44,7 @@ from experiments.parallel.memory import (
     setup_from_config,
     workload_for,
 )
-from experiments.sweeps.spec import Run, SpecError, SweepSpec
+from experiments.sweeps.spec import Run, SpecError, SweepSpec, grid, sweep_dir_of
 from fileio.checks import InputError
 from models import TrunkConfig, count_params
 from models.dit import DiT
@@ -130,17 +135,23 @@ def world_size(spec: SweepSpec, config: dict) -> int | None:
     return devices * nodes if isinstance(devices, int) and devices > 0 else None
 
 
+def accumulation(config: dict) -> int:
+    """``trainer.accumulate_grad_batches`` of a resolved config (1 when unset)."""
+    return int((config.get("trainer") or {}).get("accumulate_grad_batches", 1) or 1)
+
+
 def samples_per_step(spec: SweepSpec, config: dict) -> int | None:
-    """Tokens (LM) or images (ViT, DiT) per optimizer step over all devices."""
+    """Tokens (LM) or images (ViT, DiT) per optimizer step over all devices: ``global_batch_size`` when set (the
+    samples of one optimizer step, accumulation included: the DataModules derive the micro-batch or the
+    accumulation from it), else the micro-batch x devices x accumulation steps."""
     data, world = _init(config, "data"), world_size(spec, config)
-    accumulate = (config.get("trainer") or {}).get("accumulate_grad_batches", 1) or 1
     if data.get("global_batch_size"):
         batch = int(data["global_batch_size"])
     elif world is None or not data.get("batch_size"):
         return None
     else:
-        batch = int(data["batch_size"]) * world
-    return batch * accumulate * (int(data.get("seq_len", 128)) if task_name(config) == "lm" else 1)
+        batch = int(data["batch_size"]) * world * accumulation(config)
+    return batch * (int(data.get("seq_len", 128)) if task_name(config) == "lm" else 1)
 
 
 def launcher_args(spec: SweepSpec) -> list[str]:
@@ -189,6 +200,8 @@ class Estimate:
     world: int | None
     gpu_hours: float | None
     note: str = ""
+    mfu: float | None = None
+    mfu_source: str = "assumed"
 
 
 @functools.lru_cache(maxsize=64)
@@ -295,17 +308,47 @@ def estimate(spec: SweepSpec, run: Run) -> Estimate:
         passes = int(model.get("fid_samples", 0)) * int(model.get("sample_steps", 0))
         test = passes * fwd_per_sample * (2 if float(model.get("guidance_scale", 1.0)) > 1 else 1)
     flops = None if train is None else train + (test or 0.0)
-    peak = spec.compute["peak_tflops"] * 1e12 * spec.compute["mfu"]
-    hours = flops / peak / 3600 if flops is not None else None
+    measured = measured_mfus(spec)
+    mfu, source = measured.get(json.dumps(network, sort_keys=True), (spec.compute["mfu"], "assumed"))
+    hours = flops / (spec.compute["peak_tflops"] * 1e12 * mfu) / 3600 if flops is not None else None
     if task == "lm" and not note:
         note = f"6ND, N={flop_params / 1e6:,.1f}M"
-    note = "; ".join(n for n in (note, data_facts(task, config, spec.dataset)[1]) if n)
-    return Estimate(name, task, params, steps, per_step, samples, train, test, world, hours, note)
+    mfu_note = f"MFU {mfu:.1%} {source}" if measured else ""  # said per run once any run measured one
+    note = "; ".join(n for n in (note, data_facts(task, config, spec.dataset)[1], mfu_note) if n)
+    return Estimate(name, task, params, steps, per_step, samples, train, test, world, hours, note, mfu, source)
+
+
+@functools.lru_cache(maxsize=256)
+def _network_key(argv: tuple[str, ...], dataset: str) -> str:
+    """The :func:`network_args` of a run's argv as JSON (cached: every estimate of a sweep asks for each run's)."""
+    config = resolve_config(list(argv))
+    return json.dumps(network_args(task_name(config), config, json.loads(dataset)), sort_keys=True)
+
+
+def measured_mfus(spec: SweepSpec) -> dict[str, tuple[float, str]]:
+    """``{network: (MFU, "measured by RUN on DEVICE")}`` from the finished runs of ``spec`` in its sweep directory
+    whose ``summary.json`` records a numeric ``perf.mfu`` (a GPU run's; CPU runs record "n/a"). The network is the
+    run's :func:`network_args` as JSON, so every lr and seed of one shape shares the measurement; the first
+    finished run in grid order gives it. Empty when no run measured one (the spec's ``compute.mfu`` is used)."""
+    sweep_dir = sweep_dir_of(spec)
+    found: dict[str, tuple[float, str]] = {}
+    if not sweep_dir.is_dir():
+        return found
+    for run in grid(spec):
+        record = read_json(sweep_dir / run.name(spec) / SUMMARY_FILE)
+        perf = record.get("perf") if record.get("status") == "finished" else None
+        mfu = perf.get("mfu") if isinstance(perf, dict) else None
+        if not isinstance(mfu, int | float) or isinstance(mfu, bool) or not 0 < mfu <= 1:
+            continue
+        argv = tuple(run.argv(spec, extra=run_extra_args(spec, run))[4:])
+        key = _network_key(argv, json.dumps(spec.dataset, sort_keys=True))
+        found.setdefault(key, (float(mfu), f"measured by {run.name(spec)} on {perf.get('device', '?')}"))
+    return found
 
 
 def per_device_batch(config: dict, setup: MemorySetup) -> int:
     """Samples one device steps on: ``data.batch_size``, else ``global_batch_size`` over the data-parallel ranks
-    (tensor-parallel ranks share a batch).
+    (tensor-parallel ranks share a batch) and the accumulation steps.
 
     Raises:
         InputError: neither is set.
@@ -313,9 +356,9 @@ def per_device_batch(config: dict, setup: MemorySetup) -> int:
     data = _init(config, "data")
     if data.get("batch_size"):
         return int(data["batch_size"])
-    if data.get("global_batch_size"):
+    if data.get("global_batch_size"):  # the image DataModule's split: global / (replicas x accumulation steps)
         ranks = setup.world_size // setup.tensor_parallel
-        return math.ceil(int(data["global_batch_size"]) / max(1, ranks))
+        return math.ceil(int(data["global_batch_size"]) / max(1, ranks * accumulation(config)))
     raise InputError("data.init_args.batch_size (config) is not set; valid: batch_size or global_batch_size")
 
 
@@ -370,13 +413,46 @@ def runs_on_cpu(spec: SweepSpec, config: dict) -> str | None:
     return None
 
 
-def memory_estimate(spec: SweepSpec, run: Run) -> MemoryEstimate | str:
-    """The per-GPU peak of one run as the sweep runs it (its own activation-checkpointing setting), or a one-line
-    reason it has none (a run that trains on CPU: :func:`runs_on_cpu`). Runs of one shape, batch and layout
-    share one measurement (lrs and seeds do not matter).
+@functools.lru_cache(maxsize=64)
+def _fake_step_cached(key: str) -> FakeStepResult | FakeStepError:
+    """One fake CUDA step per distinct network, batch, layout and optimizer settings; a failure is kept too."""
+    task, network, batch, ema, setup, options = json.loads(key)
+    setup = MemorySetup(**{**setup, "notes": tuple(setup["notes"])})
+    options = StepOptions(**{**options, "betas": tuple(options["betas"])})
+    try:
+        return fake_cuda_step(workload_for(task, network, batch, ema), setup, options)
+    except FakeStepError as exc:
+        return exc
+
+
+def fake_step(config: dict, dataset: dict | None = None) -> FakeStepResult:
+    """One training step of a resolved GPU ``fit`` config on fake CUDA tensors (:mod:`experiments.parallel.fake_step`),
+    shared by the runs of one network, batch, layout and optimizer.
 
     Raises:
-        RuntimeError: the network's step failed on fake tensors (the dry run names the run and the cause).
+        FakeStepError: the step failed (one line: what a GPU job would have failed on).
+        InputError: a setting the step cannot read.
+    """
+    workload, setup = memory_inputs(config, dataset)
+    task = task_name(config)
+    options = step_options(config)
+    key = [task, network_args(task, config, dataset or {}), per_device_batch(config, setup), workload.ema,
+           asdict(setup), asdict(options)]  # fmt: skip
+    result = _fake_step_cached(json.dumps(key, sort_keys=True))
+    if isinstance(result, FakeStepError):
+        raise result
+    return result
+
+
+def memory_estimate(spec: SweepSpec, run: Run) -> MemoryEstimate | str:
+    """The per-GPU peak of one run as the sweep runs it (its own activation-checkpointing setting), or a one-line
+    reason it has none (a run that trains on CPU: :func:`runs_on_cpu`), after one training step of it on fake
+    CUDA tensors (:func:`fake_step`; its note says so). Runs of one shape, batch and layout share one
+    measurement and one step (lrs and seeds do not matter).
+
+    Raises:
+        RuntimeError: the network's step failed on fake tensors, or on fake CUDA tensors (the dry run names the
+            run and the cause).
     """
     config = resolve_config(run.argv(spec, extra=run_extra_args(spec, run))[4:])
     task = task_name(config)
@@ -394,7 +470,14 @@ def memory_estimate(spec: SweepSpec, run: Run) -> MemoryEstimate | str:
     if isinstance(result, Exception):
         cause = (str(result).strip().splitlines() or [""])[0]
         raise RuntimeError(f"memory estimate failed: {type(result).__name__}: {cause}") from result
-    return result
+    try:
+        step = fake_step(config, spec.dataset)
+    except FakeStepError as exc:
+        raise RuntimeError(f"fake CUDA step failed: {exc}") from exc
+    except ValueError as exc:
+        return f"no fake CUDA step: {exc}"
+    kind = str(step.compute_dtype).removeprefix("torch.") + (" + autocast" if step.autocast else "")
+    return replace(result, notes=(*result.notes, f"fake CUDA step ok ({kind})"))
 
 
 def gpu_memory_of(gpu: str) -> tuple[int, str]:
