@@ -29,7 +29,6 @@ import copy
 import errno
 import logging
 import re
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -42,6 +41,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from experiments.monitoring.divergence import DivergenceDetector
+from experiments.monitoring.final_validation import FinalValidation
 from experiments.monitoring.first_validation import FirstValidationNote
 from experiments.monitoring.model_summary import has_model_summary, model_summary
 from experiments.monitoring.progress_bar import has_progress_bar, progress_bar
@@ -71,7 +71,7 @@ from experiments.reliability.config_files import (
     read_config,
     trust_packages,
 )
-from experiments.reliability.errors import OutputDirError, SuiteError, describe, free_space_note
+from experiments.reliability.errors import OutputDirError, SuiteError, free_space_note
 from experiments.reliability.layout import (
     NAME_PATTERN,
     NAME_RULE,
@@ -79,7 +79,6 @@ from experiments.reliability.layout import (
     claim_run_dir,
     clear_output_dir,
     ensure_writable,
-    held_artifacts,
     mark,
     refuse_existing,
     run_dir_for,
@@ -87,6 +86,7 @@ from experiments.reliability.layout import (
     run_dir_of_config,
     task_name,
 )
+from experiments.reliability.refusals import discard_if_refused
 from experiments.reliability.run_lock import acquire_run_lock, record_holder, release_run_locks
 from experiments.reliability.signals import BoundedStop
 from fileio.atomic import atomic_write_bytes
@@ -153,8 +153,9 @@ class SuiteCLI(LightningCLI):
             help="the HPARAMS-tab columns this run shows (a sweep passes what its grid varies); default: the "
             "task's short set (scheme, lr, warmup, seed, depth, width)",
         )
-        # Callbacks every run gets, configurable as --summary.* / --divergence.*
+        # Callbacks every run gets, configurable as --summary.* / --divergence.* / --final_validation.*
         parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(FinalValidation, "final_validation")  # after fit: the whole val split
         parser.add_lightning_class_args(DivergenceDetector, "divergence")
         parser.add_lightning_class_args(BoundedStop, "interrupt")  # --interrupt.grace_s: a stop in bounded time
         # Values only the data knows, linked into every task that takes them.
@@ -352,19 +353,10 @@ class SuiteCLI(LightningCLI):
             _check_init_from(str(init_from), self._argv, net)
 
     def _discard_if_refused(self, err: BaseException) -> None:
-        """A refusal leaves nothing behind: when this command made the run directory and is refused (a user error,
-        exit status 2) before its first training step and first checkpoint, the directory goes again, so the
-        corrected command is not told that the directory "already holds a run"."""
-        run_dir, trainer = self._run_dir, getattr(self, "trainer", None)
-        if run_dir is None or not getattr(self, "_made_run_dir", False) or rank_zero_only.rank != 0:
-            return
-        described = describe(err)
-        if described is None or described[0] != 2:
-            return
-        if (trainer is not None and trainer.global_step > 0) or held_artifacts(run_dir).count("checkpoints/"):
-            return
-        shutil.rmtree(run_dir, ignore_errors=True)
-        self._made_run_dir = False
+        """A refusal leaves nothing behind (:mod:`experiments.reliability.refusals`)."""
+        made, trainer = getattr(self, "_made_run_dir", False), getattr(self, "trainer", None)
+        if discard_if_refused(self._run_dir, made, trainer, err):
+            self._made_run_dir = False
 
     def _parse_ckpt_path(self) -> None:
         """Keeps the model config as given. LightningCLI would replace it with the hyperparameters saved in
@@ -444,6 +436,10 @@ class SuiteCLI(LightningCLI):
             ) from err
 
     def after_fit(self) -> None:
+        """Validates the final weights on the whole validation split (every rank), then says where the run is."""
+        final = next((c for c in self.trainer.callbacks if isinstance(c, FinalValidation)), None)
+        if final is not None:
+            final.run(self.trainer, self.model, self.datamodule)
         self._say_where("run")
 
     def after_test(self) -> None:
@@ -639,6 +635,7 @@ QUIET_WARNINGS = (
     r"Found \d+ module\(s\) in eval mode at the start of training",
     r"Checkpoint directory .* exists and is not empty",
     r"LightningCLI's args parameter is intended to run from within Python",
+    r"Using `DistributedSampler` with the dataloaders. During `trainer.validate\(\)`",  # final validation (pads)
 )
 
 

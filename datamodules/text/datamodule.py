@@ -9,7 +9,9 @@ Training windows are either every non-overlapping window once per epoch in a see
 (``sampling="permutation"``, `PermutedWindowSampler`: one epoch = one pass, OLMo's order) or random starts drawn
 with replacement (``sampling="with_replacement"``, `RandomWindowSampler`, the default the tiny configs were
 measured with); both are seeded by (seed, epoch) and resumable mid-epoch. Validation and test use a fixed set of
-evenly spaced windows, so their loss is comparable across runs and schemes.
+evenly spaced windows, so their loss is comparable across runs and schemes: ``eval_samples`` of them, or, inside
+:meth:`TextDataModule.whole_val_split` (a fit's final validation, :mod:`experiments.monitoring.final_validation`),
+every window that tiles the validation split, so each of its tokens but the first is predicted once.
 """
 
 # Annotations are evaluated (no ``from __future__ import annotations``): jsonargparse checks the
@@ -18,6 +20,8 @@ evenly spaced windows, so their loss is comparable across runs and schemes.
 import hashlib
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -161,6 +165,7 @@ class TextDataModule(L.LightningDataModule):
         self.train_sampler: PermutedWindowSampler | RandomWindowSampler | None = None
         self._baseline_loss: float | None = None
         self.data_fingerprint: str | None = None  # set by setup() under several ranks
+        self._whole_val = False  # inside whole_val_split(): validation reads every window of the split
 
     # ----------------------------------------------------------------------------------- properties
 
@@ -269,8 +274,22 @@ class TextDataModule(L.LightningDataModule):
 
     def _eval_windows(self, directory: Path, split: str) -> Subset[torch.Tensor]:
         windows = SplitWindows(directory, split, self.seq_len, self._meta)
-        starts = eval_window_starts(windows.num_tokens, self.seq_len, self.eval_samples)
+        whole = split == "val" and self._whole_val
+        limit = windows.num_tokens if whole else self.eval_samples  # (the windows that fit are fewer)
+        starts = eval_window_starts(windows.num_tokens, self.seq_len, limit)
         return Subset(windows, starts.tolist())
+
+    @contextmanager
+    def whole_val_split(self) -> Iterator[None]:
+        """Inside it, ``setup("validate")`` makes the validation set every window tiling the split, not the
+        ``eval_samples`` evenly spaced ones: ``(tokens - 1) // seq_len`` windows whose targets cover each token of
+        the split but the first (and the remainder of that division) exactly once. The windows of every other
+        validation are restored after it."""
+        previous, self._whole_val = self.val_dataset, True
+        try:
+            yield
+        finally:
+            self._whole_val, self.val_dataset = False, previous
 
     # ---------------------------------------------------------------------------------- dataloaders
 

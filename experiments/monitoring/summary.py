@@ -2,7 +2,9 @@
 compare, ``progress.json`` (step / total, latest loss, steps/s, ETA; rewritten every few seconds) for a sweep
 to show while the run trains, and the marker file that says the directory is a suite run.
 
-    <run_dir>/summary.json     at each validation, at the end, on a stop or crash, after test
+    <run_dir>/summary.json     at each validation, at the end, after the final whole-split validation
+                               (``whole_split_val``, :mod:`experiments.monitoring.final_validation`), on a stop
+                               or crash, after test
     <run_dir>/progress.json    every ``progress_every_s`` seconds while training or testing (a long test's named
                                phases, a DiT's sampling and feature passes, at each phase's start), and at the end
     <run_dir>/.suite-run.json  when the fit starts: only directories holding it are ever deleted by a sweep
@@ -17,6 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -58,6 +61,7 @@ class RunSummary(Callback):
         self.earlier_wall_time_s = 0.0  # spent before the checkpoint this run resumed from
         self.baseline_loss: float | None = None
         self.status = "running"
+        self.whole_split_val: dict[str, Any] | None = None  # {"metrics", "protocol"} of the final validation
 
     def _path(self, trainer: L.Trainer) -> Path | None:
         run_dir = trainer_run_dir(trainer)
@@ -112,6 +116,14 @@ class RunSummary(Callback):
         self.write(trainer, trainer.lightning_module, error=message)
         if trainer.global_rank == 0 and self.progress.path is not None:
             self.progress.write(trainer.global_step, self.progress.total, self._last_loss(), status=self.status)
+
+    def record_whole_split_val(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, metrics: dict[str, float], protocol: dict[str, Any]
+    ) -> None:
+        """Records the final validation over the whole split (``whole_split_val``, with what it read under
+        ``whole_split_val_protocol``); ``final_val`` stays the last in-loop validation, as ``val_curve`` ends."""
+        self.whole_split_val = {"metrics": dict(metrics), "protocol": dict(protocol)}
+        self.write(trainer, pl_module)
 
     def _last_loss(self) -> float | None:
         return self.train_curve[-1][1] if self.train_curve else None
@@ -188,10 +200,19 @@ class RunSummary(Callback):
                 "spikes": detector.spikes if detector else 0,
                 "train_curve": self.train_curve,
                 "val_curve": self.val_curve,
+                **self._whole_split_fields(),
                 **({"moe": routing} if isinstance(routing, dict) else {}),
                 **({"perf": perf} if perf else {}),
             },
         )
+
+    def _whole_split_fields(self) -> dict[str, Any]:
+        if self.whole_split_val is None:
+            return {}
+        return {
+            "whole_split_val": self.whole_split_val["metrics"],
+            "whole_split_val_protocol": self.whole_split_val["protocol"],
+        }
 
 
 def _total_steps(trainer: L.Trainer) -> int | None:
