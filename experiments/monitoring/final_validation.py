@@ -10,7 +10,7 @@ same trainer and the final weights, over every batch of the split:
     a DataModule whose validation set is a sample of its split -> read whole inside its ``whole_val_split()``
                                                                (the LM: every window tiling the split)
     summary.json                                               -> ``whole_split_val``: the ``val/*`` metrics;
-                                                               ``whole_split_val_protocol``: step, batches,
+                                                               ``whole_split_val_protocol``: step, batches per rank,
                                                                samples, tokens (LM), ranks
 
 It is skipped when the fit diverged (:class:`~experiments.monitoring.divergence.DivergenceDetector`), under
@@ -102,7 +102,7 @@ class FinalValidation(Callback):
         protocol: dict[str, Any] = {
             "scope": "whole validation split",
             "step": trainer.global_step,
-            "batches": int(sum(trainer.num_val_batches)),
+            "batches_per_rank": int(sum(trainer.num_val_batches)),
             "samples": samples,
             "ranks": trainer.world_size,
         }

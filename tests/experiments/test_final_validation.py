@@ -55,8 +55,8 @@ def test_the_final_validation_covers_the_whole_split_and_is_recorded(corpus, tmp
     tokens = open_split(TextDataModule(source=str(text), data_dir=str(shards), seq_len=SEQ).shard_dir, "val")
     loss, windows = _reference_loss(path.parent / "checkpoints" / "last.ckpt", np.asarray(tokens))
     protocol = summary["whole_split_val_protocol"]
-    assert protocol == {"scope": "whole validation split", "step": 2, "batches": -(-windows // 8), "samples": windows,
-                        "tokens": windows * SEQ, "ranks": 1}  # fmt: skip
+    assert protocol == {"scope": "whole validation split", "step": 2, "batches_per_rank": -(-windows // 8),
+                        "samples": windows, "tokens": windows * SEQ, "ranks": 1}  # fmt: skip
     assert windows > 100  # the in-loop validation read 8
     np.testing.assert_allclose(summary["whole_split_val"]["val/loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(summary["whole_split_val"]["val/ppl"], np.exp(loss), rtol=1e-5)
