@@ -148,6 +148,18 @@ def test_the_experts_grouped_matmul_gets_bfloat16_under_autocast():
         torch._grouped_mm(x, w, offs=torch.tensor([4, 8], dtype=torch.int32, device="cuda"))
 
 
+def test_vit_and_dit_take_a_fake_cuda_step_with_their_ema():
+    """The image tasks under DDP's bf16-mixed, EMA copy updated: a ViT on 16 px images, a DiT on 8 x 8 latents."""
+    trunk = {**TRUNK, "norm_scheme": "siamese"}
+    vit = {"trunk": trunk, "img_size": 16, "patch_size": 8, "num_classes": 10}
+    dit = {"trunk": trunk, "input_size": 8, "patch_size": 4, "in_channels": 4, "num_classes": 10, "learn_sigma": True}
+    for task, network in (("vit", vit), ("dit", dit)):
+        result = fake_cuda_step(workload_for(task, network, 2, ema=True), DDP_BF16_MIXED, StepOptions(clip=1.0))
+        assert (result.autocast, result.loss_dtype, result.attention) == (
+            torch.bfloat16, torch.float32, (torch.bfloat16,),
+        ), task  # fmt: skip
+
+
 def test_step_options_follow_the_config():
     config = resolve_config(["-c", str(ROOT / "configs/lm/olmo-1b.yaml")])
     options = step_options(config)
