@@ -37,15 +37,18 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from models.init_values import trunc_normal_
 
 CUTOFF = 3.0  # ``init_cutoff_factor or 3.0`` (olmo/model.py line 495); OLMoE's config sets 3 too
 
 
 def olmo_normal_(w: Tensor, std: float, cutoff: float = CUTOFF, generator: torch.Generator | None = None) -> Tensor:
     """``init_normal``'s weight rule: ``trunc_normal_(w, 0, std, -cutoff * std, cutoff * std)`` (in place), drawn from
-    ``generator`` (the global one if None)."""
-    return nn.init.trunc_normal_(w, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std, generator=generator)
+    ``generator`` (the global one if None) by inverse-CDF sampling (:func:`models.init_values.trunc_normal_`: the
+    method of the torch OLMo trained with; one pass, no temporaries)."""
+    return trunc_normal_(w, std, -cutoff * std, cutoff * std, generator)
 
 
 def input_std(dim: int) -> float:

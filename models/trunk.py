@@ -23,7 +23,7 @@ from timm.layers import DropPath
 from torch import Tensor, nn
 
 from models.config import TrunkConfig
-from models.init_values import Fill, Init, Plan, draw_seed, initialize, rng_unchanged
+from models.init_values import Fill, Init, Plan, draw_seed, initialize, rng_unchanged, trunc_normal_
 from models.layers import AdaLNZero, Attention, Mlp, MoE, Routing, SwiGLU, modulate
 from models.layers.moe import GroupedExperts
 from models.olmo_init import input_std, olmo_normal_, output_std
@@ -66,7 +66,7 @@ def matrix_fill(cfg: TrunkConfig) -> Fill:
         return lambda t, generator: nn.init.normal_(t, std=cfg.init_std, generator=generator)
     if cfg.init in ("mitchell", "olmo_normal"):
         return olmo_fill(input_std(cfg.dim) if cfg.init == "mitchell" else cfg.init_std)
-    return lambda t, generator: nn.init.trunc_normal_(t, std=cfg.init_std, generator=generator)
+    return lambda t, generator: trunc_normal_(t, cfg.init_std, -2.0, 2.0, generator)  # timm's absolute +-2
 
 
 def scaled(fill: Fill, factors: tuple[tuple[int, float], ...] | list[tuple[int, float]]) -> Fill:

@@ -9,7 +9,7 @@ from timm.layers import PatchEmbed
 from torch import Tensor, nn
 
 from models.config import TrunkConfig
-from models.init_values import Fill, Init, Plan, draw_seed, initialize, prefixed, rng_unchanged
+from models.init_values import Fill, Init, Plan, draw_seed, initialize, prefixed, rng_unchanged, trunc_normal_
 from models.trunk import Trunk, zeros
 
 
@@ -74,7 +74,7 @@ class ViTClassifier(nn.Module):
             return tuple(p.shape)
 
         def normal(std: float) -> Fill:
-            return lambda t, generator: nn.init.trunc_normal_(t, std=std, generator=generator)
+            return lambda t, generator: trunc_normal_(t, std, -2.0, 2.0, generator)  # timm's absolute +-2
 
         plan = {
             "patch_embed.proj.weight": Init(

@@ -9,6 +9,8 @@ scheme, so a rank that builds it for real gets the one-process value.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -80,12 +82,13 @@ def test_each_value_comes_from_its_own_generator_whatever_was_drawn_before():
     for name, param in two.named_parameters():
         if not name.startswith("trunk.blocks.1") and not name.startswith("trunk.readout"):
             assert torch.equal(param, three.get_parameter(name)), name
-    generator = torch.Generator().manual_seed(param_seed(5, "embed.weight"))
-    std = input_std(16)
-    expected = torch.nn.init.trunc_normal_(torch.empty(32, 16), 0.0, std, -3 * std, 3 * std, generator=generator)
-    assert torch.equal(two.embed.weight, expected)
+
+    def olmo(name: str, shape: tuple[int, int], std: float) -> torch.Tensor:  # +-3 std, by inverse CDF
+        generator = torch.Generator().manual_seed(param_seed(5, name))
+        bound = math.erf(3 / math.sqrt(2))
+        u = torch.empty(shape).uniform_(-bound, bound, generator=generator)
+        return (u.erfinv() * (std * math.sqrt(2))).clamp(-3 * std, 3 * std)
+
+    assert torch.equal(two.embed.weight, olmo("embed.weight", (32, 16), input_std(16)))
     fc2 = "trunk.blocks.1.mlp.fc2.weight"  # ff_out of layer 1: 1 / sqrt(2 * 32 * 2)
-    generator = torch.Generator().manual_seed(param_seed(5, fc2))
-    std = 1 / (2 * 32 * 2) ** 0.5
-    expected = torch.nn.init.trunc_normal_(torch.empty(16, 32), 0.0, std, -3 * std, 3 * std, generator=generator)
-    assert torch.equal(two.get_parameter(fc2), expected)
+    assert torch.equal(two.get_parameter(fc2), olmo(fc2, (16, 32), 1 / (2 * 32 * 2) ** 0.5))
