@@ -228,27 +228,31 @@ def test_the_vae_steps_under_bf16_mixed_autocast(tmp_path: Path):
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def fit(tmp_path: Path, name: str, *extra: str) -> dict:
-    """A two-step fit of the tiny LM through the real command line; returns its summary.json."""
+def fit(tmp_path: Path, corpus: tuple[Path, Path], name: str, *extra: str) -> dict:
+    """A two-step fit of the tiny LM through the real command line on the tests' small shared corpus (its
+    validation split is ~40 of these batches where the embedded corpus's is ~800: a fit's whole-split
+    validation stays cheap); returns its summary.json."""
     from experiments.__main__ import main
     from tests.experiments.tiny import tiny_lm
 
+    text, shards = corpus
     main(["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), *extra, *tiny_lm(), f"--runs_root={tmp_path}",
-          f"--trainer.default_root_dir={tmp_path}", f"--data.init_args.data_dir={tmp_path / 'data'}",
-          f"--run_name={name}", "--trainer.max_steps=2", "--trainer.val_check_interval=2",
-          "--trainer.limit_val_batches=1", "--model.init_args.optim.warmup_steps=1"])  # fmt: skip
+          f"--trainer.default_root_dir={tmp_path}", f"--data.init_args.source={text}",
+          f"--data.init_args.data_dir={shards}", f"--run_name={name}", "--trainer.max_steps=2",
+          "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+          "--model.init_args.optim.warmup_steps=1"])  # fmt: skip
     return json.loads((tmp_path / "lm" / "tiny" / name / "summary.json").read_text())
 
 
 @pytest.mark.slow  # two real fits (seconds each)
-def test_the_real_trainer_steps_in_the_gpus_dtypes(tmp_path: Path, monkeypatch):
+def test_the_real_trainer_steps_in_the_gpus_dtypes(tmp_path: Path, corpus, monkeypatch):
     """Through the command line: Hyper-Connections under FSDP2 with bfloat16 parameters (the issue's command: it
     ended in ``expected scalar type Float but found BFloat16``), and the MoE under bf16-mixed autocast with every
     grouped matmul replayed against CUDA's checks."""
     for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"):
         monkeypatch.setenv(name, "")  # what Lightning sets for its one-process group: put back after the test
         monkeypatch.delenv(name)
-    hyper = fit(tmp_path, "hyper-bf16", "-c", str(ROOT / "configs/trainer/fsdp2.yaml"),
+    hyper = fit(tmp_path, corpus, "hyper-bf16", "-c", str(ROOT / "configs/trainer/fsdp2.yaml"),
                 "-c", str(ROOT / "configs/norm/hyper.yaml"), "--trainer.devices=1",
                 "--trainer.strategy.init_args.data_parallel_size=1",
                 "--model.init_args.parallel.param_dtype=bfloat16")  # fmt: skip
@@ -257,7 +261,7 @@ def test_the_real_trainer_steps_in_the_gpus_dtypes(tmp_path: Path, monkeypatch):
     assert hyper["status"] == "finished" and hyper["steps"] == 2 and math.isfinite(hyper["final_val"]["val/loss"])
     recorder = GpuDtypes()
     with recorder:
-        moe = fit(tmp_path, "moe-bf16-mixed", "--trainer.precision=bf16-mixed",
+        moe = fit(tmp_path, corpus, "moe-bf16-mixed", "--trainer.precision=bf16-mixed",
                   "--model.init_args.trunk.moe_experts=4", "--model.init_args.trunk.moe_hidden=32")  # fmt: skip
     assert moe["status"] == "finished" and math.isfinite(moe["final_val"]["val/loss"])
     assert recorder.grouped and set(recorder.grouped) == {(torch.bfloat16, torch.bfloat16)}
