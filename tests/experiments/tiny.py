@@ -23,4 +23,5 @@ def tiny_lm(
         args.append(f"--data.init_args.eval_samples={eval_samples}")
     if quiet:
         args += ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    args.append("--final_validation.enabled=false")  # the whole-split pass: tests/experiments/test_final_validation.py
     return args

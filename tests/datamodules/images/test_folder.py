@@ -142,14 +142,18 @@ def test_augmentation_can_be_switched_off(tree: Path) -> None:
 @pytest.mark.parametrize(("processes", "accumulate", "per_device"), [(1, 1, 1024), (8, 1, 128), (4, 2, 128)])
 def test_global_batch_is_split_over_processes_and_accumulation(processes: int, accumulate: int, per_device: int):
     dm = ImageFolderDataModule("unused", **{**FAST, "batch_size": None, "global_batch_size": 1024})
-    dm.trainer = SimpleNamespace(world_size=processes, accumulate_grad_batches=accumulate)
+    shard = {"num_replicas": processes, "rank": 0} if processes > 1 else None
+    dm.trainer = SimpleNamespace(
+        world_size=processes, distributed_sampler_kwargs=shard, accumulate_grad_batches=accumulate
+    )
     assert dm.per_device_batch_size() == per_device
 
 
 def test_global_batch_that_does_not_split_names_the_valid_multiple(tree: Path):
     dm = ImageFolderDataModule(str(tree), **{**FAST, "batch_size": None, "global_batch_size": 1000})
-    dm.trainer = SimpleNamespace(world_size=3, accumulate_grad_batches=1)
-    with pytest.raises(ValueError, match=re.escape("global_batch_size=1000 does not split evenly over 3 processes")):
+    shard = {"num_replicas": 3, "rank": 0}
+    dm.trainer = SimpleNamespace(world_size=3, distributed_sampler_kwargs=shard, accumulate_grad_batches=1)
+    with pytest.raises(ValueError, match=re.escape("does not split evenly over 3 data-parallel replicas")):
         dm.setup("fit")
 
 
