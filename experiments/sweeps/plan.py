@@ -166,11 +166,13 @@ def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True)
         hours = sum(e.gpu_hours for e in known)
         c = spec.compute
         tested = " incl. FID sampling" if any(e.test_flops for e in ests) else ""
+        measured = sum(e.mfu_source != "assumed" for e in ests)
         if later:
             out.append(f"  {later}")
         out.append(
             f"  grid: {len(runs)} runs, {flops:.3g} FLOPs{tested}, {_fmt_hours(hours)} GPU-hours at {c['mfu']:.0%} MFU "
-            f"of {c['peak_tflops']:g} TFLOP/s per GPU ({c['gpu']})"
+            + (f"({measured} run(s) at their network's measured MFU) " if measured else "")
+            + f"of {c['peak_tflops']:g} TFLOP/s per GPU ({c['gpu']})"
             + (f"; {len(ests) - len(known)} run(s) unknown" if len(known) < len(ests) else "")
         )
         walls = [e.gpu_hours / e.world for e in known if e.world]

@@ -72,3 +72,8 @@ def test_a_finished_runs_measured_mfu_sets_its_networks_gpu_hours(tmp_path: Path
         assert "MFU 25.0% measured by pre-lr0.002 on NVIDIA H100 80GB HBM3" in e.note
     for name in ("siamese-lr0.001", "siamese-lr0.002"):  # another network; a crashed run measures nothing
         assert after[name].gpu_hours == assumed[name].gpu_hours and "MFU 40.0% assumed" in after[name].note
+    from experiments.sweeps.plan import dry_run
+
+    report, _ = dry_run([spec], memory=False)
+    (grid_line,) = [line for line in report.splitlines() if line.startswith("  grid:")]
+    assert "at 40% MFU (2 run(s) at their network's measured MFU) of 989 TFLOP/s" in grid_line, grid_line
