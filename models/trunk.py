@@ -200,7 +200,13 @@ class Trunk(nn.Module):
         self.recompute_readout = recompute_site(cfg, self.readout)
 
     def init_weights(self) -> None:
-        """Gives every parameter of :meth:`init_plan` its value at ``self.init_seed`` (models/init_values.py)."""
+        """Gives every parameter of :meth:`init_plan` its value at ``self.init_seed`` (models/init_values.py).
+
+        Raises:
+            ValueError: a trunk built with ``initialize=False``: the network around it owns the seed.
+        """
+        if self.init_seed is None:
+            raise ValueError("this trunk is initialized by the network around it (initialize=False): use its init_plan")
         initialize(self, self.init_plan(), self.init_seed)
 
     def init_plan(self) -> Plan:
