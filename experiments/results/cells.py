@@ -17,9 +17,9 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from experiments.results.equivalence import default_margin
+from experiments.results.reading import Reading, Staging, cell_name
 from experiments.results.stats import Estimate, PairedComparison, estimate, paired
 from experiments.results.verdicts import SliceAnalysis, Verdict, analyse
 
@@ -143,17 +143,23 @@ class CellStats:
 
 
 def cell_stats(
-    cells: list[Cell], key: str = PRIMARY, baseline: str | None = None, metric: str | None = None
+    cells: list[Cell],
+    key: str = PRIMARY,
+    baseline: str | None = None,
+    metric: str | None = None,
+    reading: Reading | None = None,
 ) -> list[CellStats]:
     """Mean, interval and paired comparison of ``key`` for every cell.
 
     A test metric (``test/...``; ``metric`` names what ``key`` holds when it is ``PRIMARY``, the sweep's own
     metric) is averaged only over runs measured under one test protocol, and paired only with a baseline
-    measured under the same one.
+    measured under the same one. ``reading``: the sweep's margins and looks the verdicts are read with.
     """
     out = []
     is_test = (metric or key).startswith("test/")
-    verdicts = slice_verdicts(cells, baseline, metric or key, key=key)[0] if key == PRIMARY and baseline else {}
+    verdicts = {}
+    if key == PRIMARY and baseline:
+        verdicts = slice_verdicts(cells, baseline, metric or key, key=key, reading=reading)[0]
     for cell in cells:
         mixed = is_test and len(cell.protocols()) > 1
         values = {} if mixed else cell.values(key)
@@ -188,19 +194,26 @@ def slice_verdicts(
     margin: float | None = None,
     key: str = PRIMARY,
     thresholds: tuple[float, float] | None = None,
+    reading: Reading | None = None,
 ) -> tuple[dict[tuple, Verdict], dict[tuple, SliceAnalysis]]:
     """Every cell's verdict against ``reference`` from its slice's block analysis
     (:func:`experiments.results.verdicts.analyse`), and each slice's analysis.
 
     Only finished runs enter. A test metric is analysed only over cells measured under the reference's test
-    protocol; a cell under another is not comparable.
+    protocol; a cell under another is not comparable. ``margin`` defaults to ``reading``'s for the metric (the
+    sweep's declared one, else the documented default). When ``reading`` has the sweep's looks (a staged sweep
+    compared against its own baseline), each cell is read at its look: on that look's seeds, against that look's
+    nominal levels, and its verdict says the look.
 
     Returns:
-        ``({cell key: Verdict}, {slice key: SliceAnalysis})``; the reference's own cells get no verdict.
+        ``({cell key: Verdict}, {slice key: SliceAnalysis})``; the reference's own cells get no verdict (a staged
+        slice's analysis is its last look's).
     """
     if reference is None:
         return {}, {}
-    margin = default_margin(metric) if margin is None else margin
+    reading = reading or Reading()
+    margin = reading.margin(metric) if margin is None else margin
+    staging = reading.staging if thresholds is None and key == PRIMARY else None
     by_slice: dict[tuple, list[Cell]] = {}
     for cell in cells:
         by_slice.setdefault(slice_key(cell), []).append(cell)
@@ -217,11 +230,41 @@ def slice_verdicts(
             for cell in members:
                 verdicts[cell.key] = Verdict("not comparable", 0, why=f"no {reference} cell")
             continue
+        if staging is not None:
+            verdicts.update(_staged(members, data, reference, metric, margin, staging, other))
+            analyses[where] = _at_look(data, reference, metric, margin, staging, staging.look_of(""))
+            continue
         analyses[where] = analyse(data, reference, metric, margin, thresholds=thresholds)
         for cell in members:
             if cell.scheme != reference:
                 verdicts[cell.key] = other.get(cell.key) or analyses[where].verdicts[cell.scheme]
     return verdicts, analyses
+
+
+def _at_look(data: dict, reference: str, metric: str, margin: float | None, staging: Staging, look: int):
+    seeds = staging.seeds_at(look)
+    at_look = {scheme: {k: v for k, v in values.items() if k in seeds} for scheme, values in data.items()}
+    return analyse(at_look, reference, metric, margin, thresholds=staging.thresholds(look))
+
+
+def _staged(members, data, reference, metric, margin, staging: Staging, other: dict) -> dict[tuple, Verdict]:
+    """Each cell of a staged slice at its own look (the seeds it had then, the look's levels)."""
+    out, analyses = {}, {}
+    for cell in members:
+        if cell.scheme == reference:
+            continue
+        if cell.key in other:
+            out[cell.key] = other[cell.key]
+            continue
+        run = cell.runs[0]
+        look = staging.look_of(cell_name(run["run"], run.get("seed")))
+        if look not in analyses:
+            analyses[look] = _at_look(data, reference, metric, margin, staging, look)
+        verdict = analyses[look].verdicts[cell.scheme]
+        out[cell.key] = (
+            verdict if verdict.word == "not comparable" else replace(verdict, look=(look, len(staging.stages)))
+        )
+    return out
 
 
 # Recorded with a run's test protocol for provenance, but they name the run, not how it was measured.

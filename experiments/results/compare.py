@@ -20,17 +20,20 @@ at small scale rather than blowing up.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from experiments.reliability.errors import ArgumentParser, SuiteError
 from experiments.results import plots, tables
 from experiments.results.cells import PRIMARY, Cell, assign_protocols, cell_key, group, run_coordinates
 from experiments.results.export import check_target, export
+from experiments.results.measurement import MEASUREMENT_TABLE, spread_markdown, with_last_evals
 from experiments.results.profiles import plot_depth_profiles
+from experiments.results.reading import Reading, read_reading
 from experiments.results.runs import SWEEP_RECORD, load_summaries, sweep_record
 from experiments.results.tables import STALL_RATIO
 from experiments.results.tb_layout import write_layout
+from experiments.results.verdict_list import verdicts_markdown
 from fileio import atomic_write_text
 
 CELLS_CSV = "comparison_cells.csv"
@@ -100,6 +103,7 @@ class Comparison:
     table: list[dict]
     cells: list[Cell]
     protocol_notes: list[str]
+    reading: Reading = field(default_factory=Reading)  # the sweep's margins, looks and last_evals
 
     @property
     def baseline_loss(self) -> float | None:
@@ -110,19 +114,25 @@ class Comparison:
         return list(dict.fromkeys(r.get("seed") for r in self.table if r.get("seed") is not None))
 
     def notes(self) -> str:
-        return tables.notes(self.cells, self.baseline_loss, self.protocol_notes, self.baseline, self.metric)
+        return tables.notes(
+            self.cells, self.baseline_loss, self.protocol_notes, self.baseline, self.metric, self.reading
+        )
 
     def block(self, kind: str) -> str:
-        """A README block: ``table`` (cells), ``pivot`` (scheme x axis), ``runs`` (per run) or ``notes``."""
+        """A README block: ``table`` (cells), ``pivot`` (scheme x axis), ``runs`` (per run), ``notes`` or
+        ``verdicts`` (the verdicts as prose lines, per word)."""
         if kind == "table":
-            return tables.cells_markdown(self.cells, self.metric, self.baseline, self.table) + "\n" + self.notes()
+            cells = tables.cells_markdown(self.cells, self.metric, self.baseline, self.table, self.reading)
+            return cells + "\n" + self.notes()
         if kind == "pivot":
-            return tables.pivot_markdown(self.cells, self.metric, self.baseline) + "\n" + self.notes()
+            return tables.pivot_markdown(self.cells, self.metric, self.baseline, self.reading) + "\n" + self.notes()
         if kind == "runs":
             return tables.runs_markdown(self.table, self.metric)
+        if kind == "verdicts":
+            return verdicts_markdown(self.cells, self.metric, self.baseline, self.reading)
         if kind == "notes":
             return self.notes()
-        raise SuiteError(f"unknown results block {kind!r}; valid: table, pivot, runs, notes")
+        raise SuiteError(f"unknown results block {kind!r}; valid: table, pivot, runs, notes, verdicts")
 
     def markdown(self) -> str:
         """``comparison.md``: the cells table with its notes, then the per-run table."""
@@ -132,13 +142,20 @@ class Comparison:
 
 
 def load_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str | None = None) -> Comparison:
-    """Reads a sweep directory (or an export of one): ``sweep.yaml`` and the runs' ``summary.json``."""
+    """Reads a sweep directory (or an export of one): ``sweep.yaml``, the runs' ``summary.json`` and the records
+    the sweep wrote beside them, so the comparison measures and reads the runs as the sweep did: each run's value
+    the mean of its last ``last_evals`` validations (:mod:`experiments.results.measurement`), the verdicts at the
+    sweep's declared ``margins`` and, for a staged sweep, each cell at its look (:mod:`experiments.results.reading`).
+    """
     record = sweep_record(sweep_dir)
+    reading = read_reading(sweep_dir, record)  # bad margins / stages / last_evals: one line before reading runs
     metric = metric or record.get("metric", "val/loss")
     summaries = load_summaries(sweep_dir, names)
     table = rows(summaries, metric, run_coordinates(record, summaries))
     protocol_notes = assign_protocols(table)
-    return Comparison(record, metric, record.get("baseline"), summaries, table, group(table), protocol_notes)
+    comparison = Comparison(record, metric, record.get("baseline"), summaries, table, group(table), protocol_notes,
+                            reading)  # fmt: skip
+    return with_last_evals(comparison, reading.last_evals) if reading.last_evals > 1 else comparison
 
 
 def write_tables(sweep_dir: Path, comparison: Comparison) -> dict[str, Path]:
@@ -148,8 +165,13 @@ def write_tables(sweep_dir: Path, comparison: Comparison) -> dict[str, Path]:
     out["cells_csv"] = sweep_dir / CELLS_CSV
     atomic_write_text(out["markdown"], comparison.markdown())
     tables.write_runs_csv(out["csv"], comparison.table, comparison.metric)
-    cells = tables.cells_csv(comparison.cells, comparison.metric, comparison.baseline, comparison.table)
+    cells = tables.cells_csv(
+        comparison.cells, comparison.metric, comparison.baseline, comparison.table, comparison.reading
+    )
     atomic_write_text(out["cells_csv"], cells)
+    if comparison.reading.last_evals > 1:  # the seed spread beside the measurement's own
+        out["measurement"] = sweep_dir / MEASUREMENT_TABLE
+        atomic_write_text(out["measurement"], spread_markdown(comparison, comparison.reading.last_evals))
     return out
 
 
@@ -191,7 +213,9 @@ def against(comparison: Comparison, scheme: str, export_dir: Path | None = None)
             f"--baseline {scheme} with --export {export_dir}: --baseline only prints (an export is the sweep's "
             "own comparison); valid: one of the two"
         )
-    return replace(comparison, baseline=scheme)
+    # the looks were spent against the sweep's own baseline: paired with another scheme, every cell is read once
+    reading = comparison.reading if scheme == comparison.baseline else replace(comparison.reading, staging=None)
+    return replace(comparison, baseline=scheme, reading=reading)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,9 @@ from experiments.results.runs import SUMMARY, load_summaries
 from fileio import InputError, atomic_write_json, output_dir, read_json
 
 MAX_BYTES = 1 << 20  # 1 MiB: a summary is a few KB, a plot a few hundred
-TOP_LEVEL = ("sweep.yaml", "comparison.md", "comparison.csv", "comparison_cells.csv")
+# the sweep's own records go along: a staged sweep's looks, a protocol's picks, the measurement's spread
+TOP_LEVEL = ("sweep.yaml", "comparison.md", "comparison.csv", "comparison_cells.csv", "stages.yaml", "stages.md",
+             "tuning.yaml", "tuning.md", "measurement.md")  # fmt: skip
 
 
 MANIFEST = ".suite-export.json"  # {"made_by": "compare --export", "sweep": ..., "files": [relative paths]}

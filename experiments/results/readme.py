@@ -12,7 +12,8 @@ show of it:
 
 Kinds: ``table`` (one row per cell: ``mean ± 95 % CI (n)``, the paired difference to the baseline with its
 p-values, runs by status, then the notes), ``pivot`` (schemes x the other swept axis, same numbers),
-``runs`` (one row per run), ``notes`` (what the numbers mean, test protocols), ``figures`` (the exported
+``runs`` (one row per run), ``notes`` (what the numbers mean, test protocols), ``verdicts`` (each verdict word
+with the cells that have it and their adjusted numbers, for a page's "what holds"), ``figures`` (the exported
 PNGs), and ``paper``, whose path is the paper file (``docs/results/paper.yaml``): the paper's claims next
 to this suite's measurements of them, read from the exports it names (:mod:`experiments.results.paper`).
 A block's path is relative to the repository root (the nearest folder above the page that holds it, the page's
@@ -35,7 +36,7 @@ from experiments.results.compare import load_comparison
 from experiments.results.runs import SWEEP_RECORD
 
 BLOCK = re.compile(r"<!-- results:(?P<path>[^:\s>]+):(?P<kind>[a-z]+) -->\n(?P<body>.*?)<!-- /results -->", re.S)
-KINDS = ("table", "pivot", "runs", "notes", "figures", "paper")
+KINDS = ("table", "pivot", "runs", "notes", "verdicts", "figures", "paper")
 
 
 def find_root(page_dir: Path, path: str) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import statistics
 from pathlib import Path
 
 from experiments.results.cells import (
@@ -24,7 +25,8 @@ from experiments.results.cells import (
     slice_verdicts,
     varying_axes,
 )
-from experiments.results.equivalence import default_margin, higher_is_better
+from experiments.results.equivalence import higher_is_better
+from experiments.results.reading import Reading
 from experiments.results.stats import (
     ALPHA,
     CI_NAME,
@@ -175,21 +177,45 @@ def _row(values: list[str]) -> str:
 ##################################################################################
 
 
-def cells_markdown(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
-    """One row per cell: ``metric`` as ``mean ± CI (n)``, the paired difference to ``baseline`` with its
-    t-test and sign-flip p-values, an MoE's routing statistics and the test metrics' means, and every run
-    counted by status."""
+def _spreads(cell: Cell) -> tuple[float | None, float | None]:
+    """``(SD over seeds, SD over a run's last evaluations pooled as a root mean square)`` of a cell's finished
+    runs; None where there is no such spread."""
+    runs = [r for r in cell.runs if r.get("status") == "finished" and r.get(PRIMARY) is not None]
+    values = [float(r[PRIMARY]) for r in runs]
+    within = [float(r["measurement_sd"]) for r in runs if r.get("measurement_sd") is not None]
+    seed_sd = statistics.stdev(values) if len(values) > 1 else None
+    return seed_sd, (math.sqrt(statistics.fmean(s * s for s in within)) if within else None)
+
+
+def spread_text(cell: Cell) -> str:
+    """``0.021 / 0.0042``: the seed SD, then the measurement's own SD (``-`` where there is none)."""
+    return " / ".join("-" if v is None else f"{v:.2g}" for v in _spreads(cell))
+
+
+def cells_markdown(
+    cells: list[Cell], metric: str, baseline: str | None, table: list[dict], reading: Reading | None = None
+) -> str:
+    """One row per cell: ``metric`` as ``mean ± CI (n)`` (with, for a sweep whose metric is the mean of each
+    run's last ``k`` validations, the SD over seeds next to the SD over a run's last ``k``), the paired
+    difference to ``baseline`` with its t-test and sign-flip p-values and the verdict, an MoE's routing
+    statistics and the test metrics' means, and every run counted by status."""
+    reading = reading or Reading()
     axes = varying_axes(cells)
-    primary = cell_stats(cells, PRIMARY, baseline, metric)
+    primary = cell_stats(cells, PRIMARY, baseline, metric, reading)
+    k = reading.last_evals
     tests = [m for m in routing_metrics(table, markdown=True) + tested_metrics(table) if in_markdown(m) and m != metric]
-    test_stats = {m: cell_stats(cells, m, baseline) for m in tests}
+    test_stats = {m: cell_stats(cells, m, baseline, reading=reading) for m in tests}
     header = [*axes, metric]
+    if k > 1:
+        header.append(f"SD: seeds / a run's last {k} evals")
     if baseline:
         header += [f"Δ {metric} vs {baseline}", "p (paired t, unadjusted)", "p (sign-flip)", "verdict"]
     header += [*tests, "runs"]
     lines = [_row(header), "|" + "---|" * len(header)]
     for i, stats in enumerate(primary):
         cells_text = [_coordinate(stats.cell, a) for a in axes] + [_value_text(stats)]
+        if k > 1:
+            cells_text.append(spread_text(stats.cell))
         if baseline:
             cells_text += [*_versus_text(stats, baseline), _verdict_text(stats)]
         for m in tests:
@@ -199,13 +225,13 @@ def cells_markdown(cells: list[Cell], metric: str, baseline: str | None, table: 
     return "\n".join(lines) + "\n"
 
 
-def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None) -> str:
+def pivot_markdown(cells: list[Cell], metric: str, baseline: str | None, reading: Reading | None = None) -> str:
     """Schemes as rows, the other swept axis (lr, else overlay, else warmup) as columns; each entry
     ``mean ± CI (n)`` and, below it, the paired difference to the baseline with both p-values."""
     axes = [a for a in varying_axes(cells) if a != "scheme"]
     column_axis = next((a for a in ("lr", "overlay", "warmup") if a in axes), axes[0] if axes else None)
     row_axes = ["scheme", *[a for a in axes if a != column_axis]]
-    stats = {s.cell.key: s for s in cell_stats(cells, PRIMARY, baseline, metric)}
+    stats = {s.cell.key: s for s in cell_stats(cells, PRIMARY, baseline, metric, reading)}
     columns = list(dict.fromkeys(_coordinate(c, column_axis) for c in cells)) if column_axis else [metric]
     rows: dict[tuple, dict[str, CellStats]] = {}
     for cell in cells:
@@ -292,14 +318,17 @@ def sensitivity_note(cells: list[Cell], metric: str, baseline: str | None) -> st
             + "; ".join(entries) + ".")  # fmt: skip
 
 
-def verdict_note(cells: list[Cell], metric: str, baseline: str) -> str:
-    """What the verdicts mean and, per slice, the analysis that gave them (:mod:`experiments.results.verdicts`)."""
-    margin = default_margin(metric)
+def verdict_note(cells: list[Cell], metric: str, baseline: str, reading: Reading | None = None) -> str:
+    """What the verdicts mean and, per slice, the analysis that gave them (:mod:`experiments.results.verdicts`);
+    the margin used and where it comes from; for a staged sweep, the looks' levels."""
+    reading = reading or Reading()
+    margin = reading.margin(metric)
     direction = "higher" if higher_is_better(metric) else "lower"
     equivalent = (f"**equivalent within ±{margin:g}** = TOST on the same standard error and degrees of freedom, "
-                  f"Holm-adjusted over the slice, p < {ALPHA:g} (margin δ = {margin:g}, the documented default for "
-                  f"{metric}); " if margin else f"no equivalence margin is declared for {metric}; ")  # fmt: skip
-    slices = slice_verdicts(cells, baseline, metric)[1]
+                  f"Holm-adjusted over the slice, p < {ALPHA:g} (margin δ = {margin:g}, "
+                  f"{reading.margin_source(metric)}); " if margin
+                  else f"no equivalence margin is declared for {metric}; ")  # fmt: skip
+    slices = slice_verdicts(cells, baseline, metric, reading=reading)[1]
     axes = [a for a in varying_axes(cells) if a != "scheme"]
     per_slice = []
     for where, analysis in slices.items():
@@ -312,7 +341,21 @@ def verdict_note(cells: list[Cell], metric: str, baseline: str) -> str:
             f"for {POWER * 100:.0f} % power at the observed Δ and the smallest Δ its seeds detect. Where "
             f"Brown-Forsythe rejects equal spread (p < {ALPHA:g}), each cell's own paired t-test and TOST with Holm "
             "across the slice. The paired t and sign-flip p-values are per cell, unadjusted. "
-            + "; ".join(per_slice) + ".")  # fmt: skip
+            + "; ".join(per_slice) + "." + _staging_note(reading))  # fmt: skip
+
+
+def _staging_note(reading: Reading) -> str:
+    """For a staged sweep: which seeds and levels each look's verdicts were read at."""
+    staging = reading.staging
+    if staging is None:
+        return ""
+    looks = "; ".join(
+        f"look {k}: {n} seeds, p < {staging.thresholds(k)[0]:.2g} (TOST, each side: {staging.thresholds(k)[1]:.2g})"
+        for k, n in enumerate(staging.stages, 1)
+    )
+    return (f" Seeds in stages {list(staging.stages)} ({staging.recorded} look(s) recorded in stages.yaml): each cell "
+            "is read at the last look it took part in, on that look's seeds, against that look's Lan-DeMets "
+            f"O'Brien-Fleming nominal level (the verdict names the look): {looks}.")  # fmt: skip
 
 
 def notes(
@@ -321,8 +364,10 @@ def notes(
     protocol_notes: list[str],
     baseline: str | None,
     metric: str | None = None,
+    reading: Reading | None = None,
 ) -> str:
     """What the numbers mean: interval, tests, each comparison's evidence, the stall line, the test protocols."""
+    reading = reading or Reading()
     n_max = max((len(c.values()) for c in cells), default=0)
     if n_max < 2:
         out = ["One finished run per cell (n = 1): each value stands alone, with no interval and no paired test; "
@@ -339,7 +384,14 @@ def notes(
             if metric is not None and (evidence := sensitivity_note(cells, metric, baseline)):
                 out.append(evidence)
             if metric is not None:
-                out.append(verdict_note(cells, metric, baseline))
+                out.append(verdict_note(cells, metric, baseline, reading))
+        if reading.last_evals > 1:
+            out.append(f"Each run's {metric or 'metric'} is the mean of its last {reading.last_evals} validations "
+                       f"(the sweep's last_evals); SD: seeds / a run's last {reading.last_evals} evals = the SD "
+                       "between the seeds' values, then each run's SD over those validations pooled as a root mean "
+                       "square: where the second is near the first, the evaluation's own noise is a large part of "
+                       "the seed spread (more validation batches narrow the comparison more cheaply than more "
+                       "seeds).")  # fmt: skip
     if any(k.startswith(ROUTING_PREFIX) for c in cells for r in c.runs for k in r):
         out.append("MoE routing at the last validation (means over its batches): `val/moe_aux` = load-balancing "
                    "loss summed over the MoE layers (1 per layer for a uniform router), `val/moe_entropy` = "
@@ -378,7 +430,9 @@ def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
     atomic_write_text(path, fh.getvalue())  # two comparisons at once: each file is one of them, whole
 
 
-def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[dict]) -> str:
+def cells_csv(
+    cells: list[Cell], metric: str, baseline: str | None, table: list[dict], reading: Reading | None = None
+) -> str:
     """Per cell and metric (the sweep's, an MoE's routing statistics, then every test metric): the markdown's
     ``mean ± CI (n)`` and ``Δ`` texts, then n, mean, std, CI, and the paired difference to the baseline with
     its CI and both p-values; plus the run counts per status."""
@@ -388,25 +442,30 @@ def cells_csv(cells: list[Cell], metric: str, baseline: str | None, table: list[
     fields = ["n", "mean", "std", "ci_low", "ci_high"]
     paired_fields = ["diff_n", "diff_mean", "diff_ci_low", "diff_ci_high", "p_paired_t", "p_sign_flip", "diff_std",
                      "detectable_diff", "seeds_needed", "evidence"]  # fmt: skip
-    header = [*axes, *STATUS_ORDER]
+    within = (reading or Reading()).last_evals > 1  # the measurement's own spread beside the seeds' ("std")
+    header = [*axes, *STATUS_ORDER, *(["measurement_sd"] if within else [])]
     verdict_fields = ["verdict", "verdict_text", "verdict_p_adjusted", "verdict_p_tost", "verdict_margin",
-                      "verdict_analysis", "verdict_n", "verdict_seeds_needed", "verdict_detectable"]  # fmt: skip
+                      "verdict_analysis", "verdict_n", "verdict_seeds_needed", "verdict_detectable",
+                      "verdict_level", "verdict_look"]  # fmt: skip
     if baseline:
         header += verdict_fields
     for name in metrics.values():  # the table's text first (``mean ± CI (n)``), then the numbers
         header += [name] + (["Δ " + name] if baseline else [])
         header += [f"{name} {f}" for f in fields + (paired_fields if baseline else [])]
-    stats = {key: cell_stats(cells, key, baseline, name) for key, name in metrics.items()}
+    stats = {key: cell_stats(cells, key, baseline, name, reading) for key, name in metrics.items()}
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(header)
     for i, cell in enumerate(cells):
         counts = cell.counts()
         row = [cell.coords.get(a, "") for a in axes] + [counts.get(s, 0) for s in STATUS_ORDER]
+        row += [_spreads(cell)[1]] if within else []
         if baseline:
             v = stats[PRIMARY][i].verdict
+            look = "" if v is None or v.look is None else f"{v.look[0]} of {v.look[1]}"
             row += [""] * len(verdict_fields) if v is None else [v.word, v.text(), v.p, v.p_equivalence, v.margin,
-                                                                  v.analysis, v.n, v.needed, v.detectable]  # fmt: skip
+                                                                  v.analysis, v.n, v.needed, v.detectable,
+                                                                  v.threshold, look]  # fmt: skip
         for key in metrics:
             s = stats[key][i]
             e = s.value

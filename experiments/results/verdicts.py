@@ -54,6 +54,8 @@ class Verdict:
         detectable: the smallest true difference the analysis detects with 80 % power at its seeds.
         why: why a number is missing (``no spread``, ``no residual df``, ``more than 1000``, ...).
         threshold: the level the adjusted p-values were compared with.
+        look: ``(k, K)`` when the verdict is read at look ``k`` of a sweep run in ``K`` stages (its ``threshold``
+            is then that look's nominal level); None for a fixed-sample verdict.
     """
 
     word: str
@@ -67,6 +69,7 @@ class Verdict:
     detectable: float | None = None
     why: str | None = None
     threshold: float = ALPHA
+    look: tuple[int, int] | None = None
 
     @property
     def decided(self) -> bool:
@@ -77,12 +80,20 @@ class Verdict:
         if self.word == "not comparable":
             return "not comparable" + (f" ({self.why})" if self.why else "")
         if self.word in ("better", "worse"):
-            return f"{self.word} ({self.analysis}: p {_p(self.p)}, n = {self.n})"
+            return f"{self.word} ({self.analysis}: p {_p(self.p)}, n = {self.n}{self.stage()})"
         if self.word == "equivalent":
-            tost_p = _p(self.p_equivalence)
-            return f"equivalent within ±{self.margin:g} ({self.analysis}, TOST p {tost_p}, n = {self.n})"
+            tost_p, look = _p(self.p_equivalence), self.stage(False)
+            return f"equivalent within ±{self.margin:g} ({self.analysis}, TOST p {tost_p}, n = {self.n}{look})"
         how = f"{self.analysis}: p {_p(self.p)}, " if self.analysis and self.p is not None else ""
-        return f"undecided ({how}n = {self.n}): {self.settle()}"
+        return f"undecided ({how}n = {self.n}{self.stage()}): {self.settle()}"
+
+    def stage(self, level: bool = True) -> str:
+        """``, look 1 of 3 at p < 0.00069`` for a staged verdict (with its look's nominal level for the
+        difference; ``level`` False: without it); "" for a fixed-sample verdict."""
+        if self.look is None:
+            return ""
+        at = f" at p < {self.threshold:.2g}" if level else ""
+        return f", look {self.look[0]} of {self.look[1]}{at}"
 
     def settle(self) -> str:
         """What would settle an undecided cell: ``~12 seeds; detectable 0.031``."""

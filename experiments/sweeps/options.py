@@ -1,6 +1,6 @@
 """The sweep file's analysis options, checked on load: ``protocol`` (tune, then compare on fresh seeds),
-``stages`` (seeds added in looks until each cell is decided) and ``last_evals`` (the metric as the mean of a
-run's last evaluations).
+``stages`` (seeds added in looks until each cell is decided), ``last_evals`` (the metric as the mean of a
+run's last evaluations) and ``margins`` (the equivalence margin delta per metric, over the documented defaults).
 
     protocol:                      # every scheme at its own best learning rate
       kind: tune_then_compare
@@ -10,6 +10,7 @@ run's last evaluations).
       initial_loss: 5.545          # optional: the loss at initialisation (default: the runs' first train loss)
     stages: [3, 5, 8]              # with seeds: [0, ..., 7]: 3 seeds, then 5, then 8 for undecided cells
     last_evals: 3                  # the metric: mean of the last 3 validations (default 1: the final one)
+    margins: {val/loss: 0.01}      # equivalence margins per metric (default: equivalence.MARGINS per metric)
 
 Every mistake is one line naming the key, the file and what is valid (:class:`OptionError`, exit status 2),
 before anything runs. The options are checked here against each other and against the grid keys they replace
@@ -19,19 +20,17 @@ before anything runs. The options are checked here against each other and agains
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from experiments.reliability.errors import SuiteError
 from experiments.results.equivalence import higher_is_better
+from experiments.results.reading import MAX_LAST_EVALS
+from experiments.results.records import read_record  # noqa: F401 - the sweep's records are read with it
 from fileio.checks import InputError, number
 
 PROTOCOL_KINDS = ("tune_then_compare",)
 PROTOCOL_KEYS = ("kind", "lrs", "tuning_seeds", "fresh_seeds", "initial_loss")
 SPACING_TOLERANCE = 1.5  # the largest step of the rate grid over its smallest (a log-spaced grid: 1)
-MAX_LAST_EVALS = 1000
 
 
 class OptionError(SuiteError):
@@ -149,23 +148,18 @@ def parse_last_evals(raw: object, metric: object, where: str) -> int:
     return k
 
 
-def read_record(
-    path: Path, what: str, entry: tuple[str, type], planned: dict, did: str, valid: str, source: str
-) -> dict | None:
-    """A record a sweep wrote beside its runs (``what``: "tuning", "stages"); None when there is none yet. One line
-    when the file is not such a record (``entry``: its key and type), or was written under other ``planned``
-    settings than the sweep file (``source``) has now."""
-    if not path.is_file():
-        return None
-    try:
-        record = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        record = None
-    key, kind = entry
-    if not isinstance(record, dict) or not isinstance(record.get(key), kind):
-        raise OptionError(f"{path} is not the {what} record a sweep writes; valid: move it away and run again")
-    differs = [k for k in planned if record.get(k) != planned[k]]
-    if differs:
-        now = ", ".join(f"{k}={planned[k]!r}" for k in differs)
-        raise OptionError(f"{path} {did} under another {', '.join(differs)} ({source}: {now}); valid: {valid}")
-    return record
+def parse_margins(raw: object, where: str) -> dict[str, float]:
+    """The checked ``margins``: ``{metric: delta}``, each delta a positive number ({} when absent). A metric not
+    named keeps its documented default (:data:`experiments.results.equivalence.MARGINS`); the sweep records them
+    in ``sweep.yaml``, where ``compare`` reads them."""
+    if raw is None:
+        return {}
+    example = "margins: {val/loss: 0.01}"
+    if not isinstance(raw, dict):
+        raise OptionError(f"margins={raw!r} ({where}); valid: a mapping of metric to margin, e.g. {example}")
+    out = {}
+    for metric, value in raw.items():
+        if not isinstance(metric, str) or "/" not in metric:
+            raise OptionError(f"margins key {metric!r} ({where}); valid: a metric such as val/loss, e.g. {example}")
+        out[metric] = float(_num(value, f"margins.{metric}", where, float, low=0, low_open=True))
+    return out

@@ -28,13 +28,12 @@ import yaml
 
 from experiments.results.compare import load_comparison
 from experiments.results.compute import largest_stable_lr, lr_sensitivity
-from experiments.sweeps.measure import metric_values
-from experiments.sweeps.options import OptionError, read_record
+from experiments.results.measurement import metric_values
+from experiments.results.records import TUNING_RECORD, TUNING_TABLE, read_record
+from experiments.sweeps.options import OptionError
 from experiments.sweeps.spec import Run, SweepSpec, grid
 from fileio import atomic_write_text
 
-TUNING_RECORD = "tuning.yaml"
-TUNING_TABLE = "tuning.md"
 ENDED = ("finished", "stalled", "diverged")  # a tuning run that has a final word; crashed ones are rerun
 FAILED = ("stalled", "diverged")  # count as the initial loss
 MATCH_KEYS = ("kind", "metric", "last_evals", "lrs", "tuning_seeds", "groups_planned")

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from experiments.reliability.errors import SuiteError
-from experiments.sweeps.options import parse_last_evals, parse_protocol, parse_stages
+from experiments.sweeps.options import parse_last_evals, parse_margins, parse_protocol, parse_stages
 from fileio.checks import InputError, number
 from models.schemes import NormScheme
 
@@ -146,7 +146,9 @@ class SweepSpec:
         stages: seeds per cell at each look (the last is ``len(seeds)``): undecided cells get more seeds
             (:mod:`experiments.sweeps.stages`); []: every seed at once.
         last_evals: the metric is the mean of each run's last ``last_evals`` validations
-            (:mod:`experiments.sweeps.measure`); 1: the final one.
+            (:mod:`experiments.results.measurement`); 1: the final one.
+        margins: ``{metric: delta}``: the equivalence margins of the verdicts, over the documented defaults
+            (:data:`experiments.results.equivalence.MARGINS`); recorded in ``sweep.yaml``, read by ``compare``.
         source: the file the spec was read from.
     """
 
@@ -172,6 +174,7 @@ class SweepSpec:
     protocol: dict | None = None
     stages: list[int] = field(default_factory=list)
     last_evals: int = 1
+    margins: dict = field(default_factory=dict)
     source: str = ""
 
     @classmethod
@@ -266,6 +269,7 @@ def _build(raw: dict, where: str, overrides: dict[str, dict]) -> SweepSpec:
     if kwargs["stages"] and protocol is not None:
         raise SpecError(f"stages beside protocol ({where}); valid: one of the two in a sweep")
     kwargs["last_evals"] = parse_last_evals(raw.get("last_evals"), raw.get("metric", "val/loss"), where)
+    kwargs["margins"] = parse_margins(raw.get("margins"), where)
     given = overrides.get("budget", {})
     kwargs["budget"] = _budget({**_mapping(raw, "budget", where), **given}, where, given)
     launcher, given = _mapping(raw, "launcher", where), overrides.get("launcher", {})

@@ -23,15 +23,14 @@ import yaml
 
 from experiments.results.cells import PRIMARY, group, slice_verdicts
 from experiments.results.compare import load_comparison
+from experiments.results.measurement import metric_values
+from experiments.results.reading import Reading
+from experiments.results.records import STAGES_RECORD, STAGES_TABLE, read_record
 from experiments.results.sequential import look_thresholds, spent
 from experiments.results.verdicts import ALPHA
-from experiments.sweeps.measure import metric_values
-from experiments.sweeps.options import read_record
 from experiments.sweeps.spec import Run, SweepSpec, grid
 from fileio import atomic_write_text
 
-STAGES_RECORD = "stages.yaml"
-STAGES_TABLE = "stages.md"
 ENDED = ("finished", "stalled", "diverged")
 SPENDING = "Lan-DeMets O'Brien-Fleming alpha spending (two-sided for a difference, one-sided per TOST test)"
 
@@ -60,8 +59,9 @@ def read_stages(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
 
 
 def _planned(spec: SweepSpec) -> dict:
+    margins = {"margins": dict(spec.margins)} if spec.margins else {}  # the verdicts' margins, when declared
     return {"stages": list(spec.stages), "seeds": list(spec.seeds), "metric": spec.metric,
-            "baseline": spec.baseline, "last_evals": spec.last_evals, "alpha": ALPHA}  # fmt: skip
+            "baseline": spec.baseline, "last_evals": spec.last_evals, "alpha": ALPHA, **margins}  # fmt: skip
 
 
 def _stage_runs(spec: SweepSpec, n: int, active: set[str] | None) -> list[Run]:
@@ -98,7 +98,8 @@ def decide(spec: SweepSpec, sweep_dir: Path, look: int, runs: list[Run], launche
     cells = group(comparison.table)
     t = fractions(spec)
     difference, equivalence = look_thresholds(look, t, ALPHA)
-    verdicts, _ = slice_verdicts(cells, spec.baseline, spec.metric, thresholds=(difference, equivalence))
+    verdicts, _ = slice_verdicts(cells, spec.baseline, spec.metric, thresholds=(difference, equivalence),
+                                 reading=Reading(margins=spec.margins))  # fmt: skip
     by_key = {row["cell"]: cell_of(r, spec) for r in launched if (row := rows[r.name(spec)])}
     active = {cell_of(r, spec): r for r in runs}
     decided: dict[str, dict] = {}
