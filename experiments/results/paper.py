@@ -18,7 +18,11 @@ exported tables' ``verdict`` column):
     not comparable        a side has no finished run, or they were tested under different protocols
     not measured yet      the export does not exist: the command column says what produces it
 
-``fail`` rows hold when every run of the named cells failed (diverged or stalled); ``params`` rows when
+``tuned`` rows read a ``tune_then_compare`` sweep's export (:mod:`experiments.sweeps.protocol`): per scheme its
+picked learning rate, its learning-rate sensitivity (Wortsman et al. 2023) and largest stable rate from the
+export's ``tuning.yaml``, and the fresh-seed verdict against the baseline at the baseline's own rate; until the
+export exists the row says "pending: the sweep has not finished". ``fail`` rows hold when every run of the
+named cells failed (diverged or stalled); ``params`` rows when
 SiameseNorm adds less than the paper's share of parameters to each preset; ``bench`` rows when the exported
 benchmark's change is within the paper's (a step time is inconclusive while its interquartile range overlaps
 Pre-Norm's: timing noise, unlike the activation bytes, depends on the machine's load).
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -37,11 +41,13 @@ from experiments.reliability.errors import SuiteError
 from experiments.results.cells import OK, PRIMARY, Cell, slice_verdicts, varying_axes
 from experiments.results.compare import Comparison, load_comparison
 from experiments.results.equivalence import default_margin
+from experiments.results.records import TUNING_RECORD, read_record
 from experiments.results.runs import SWEEP_RECORD
 from experiments.results.stats import PairedComparison, estimate, paired
 from experiments.results.tables import fmt_amount, fmt_estimate, fmt_p
 
-KINDS = ("compare", "fail", "params", "measure")  # how a row is measured (see the paper file's header)
+KINDS = ("compare", "fail", "params", "measure", "tuned")  # how a row is measured (see the paper file's header)
+PENDING = "pending: the sweep has not finished"  # a tuned row before its export (with tuning.yaml) exists
 FAILED = ("diverged", "stalled")
 BENCH_MEASURES = ("throughput", "activation_memory")
 
@@ -86,6 +92,11 @@ def _row_problem(row) -> str | None:
     if len(kinds) != 1:
         return f"has {kinds or 'none'} of {', '.join(KINDS)}; valid: exactly one"
     kind = kinds[0]
+    if kind == "tuned":
+        if not isinstance(row.get("export"), str) or row.get("better") not in ("lower", "higher"):
+            return "`tuned` needs `export` (an exported tune_then_compare sweep) and `better` (lower, higher)"
+        if not isinstance(row["tuned"], list) or not row["tuned"] or not all(isinstance(s, str) for s in row["tuned"]):
+            return "`tuned` must list the schemes compared with the sweep's baseline, e.g. [siamese, post]"
     if kind in ("compare", "fail"):
         entries = row[kind]
         if not isinstance(row.get("export"), str):
@@ -154,7 +165,10 @@ def _compare_line(
 ) -> list[Line]:
     entry = dict(entry)
     versus_scheme = entry.pop("versus", None) or comparison.baseline
-    verdicts = slice_verdicts(comparison.cells, versus_scheme, metric, margin, key=key)[0]
+    # a staged sweep's looks were spent against its own baseline on its own metric: read so only there
+    own = versus_scheme == comparison.baseline and key == PRIMARY
+    reading = comparison.reading if own else replace(comparison.reading, staging=None)
+    verdicts = slice_verdicts(comparison.cells, versus_scheme, metric, margin, key=key, reading=reading)[0]
     cells = _matching(comparison.cells, entry)
     if not cells:
         return [Line(_label(entry), f"{_label(entry)}: no such cell in the export", "not comparable")]
@@ -268,8 +282,46 @@ def _bench_lines(root: Path, row: dict, overhead: dict) -> list[Line] | None:
 ##################################################################################
 
 
+def _tuned_lines(root: Path, row: dict, paper: dict) -> list[Line]:
+    """Each scheme at its own best rate (a ``tune_then_compare`` sweep's export): its picked rate, its
+    learning-rate sensitivity (Wortsman et al. 2023) and largest stable rate from ``tuning.yaml``, then the
+    fresh-seed comparison with the baseline at the baseline's own rate and its verdict. Before the export (and
+    its ``tuning.yaml``) exists: :data:`PENDING`."""
+    export = root / row["export"]
+    if not (export / SWEEP_RECORD).is_file() or not (export / TUNING_RECORD).is_file():
+        return [Line("", PENDING, "pending")]
+    record = read_record(export / TUNING_RECORD, "tuning", ("groups", dict), {}, "", "", str(export))
+    comparison = load_comparison(export)
+    groups, baseline = record["groups"], comparison.baseline
+    metric = comparison.metric
+    margins = {**(paper.get("margins") or {}), **comparison.reading.margins}
+    lines = []
+    for i, scheme in enumerate(row["tuned"]):
+        if scheme not in groups or baseline not in groups:
+            missing = scheme if scheme not in groups else baseline
+            lines.append(Line(scheme, f"{missing}: not in {row['export']}/{TUNING_RECORD}", "not comparable"))
+            continue
+        (line,) = _compare_line(comparison, {"scheme": scheme}, PRIMARY, metric, margins.get(metric,
+                                default_margin(metric)))  # fmt: skip
+        head = f"`{metric}` at each scheme's picked rate, fresh seeds; {_tuning_text(baseline, groups[baseline])}<br>"
+        lines.append(Line(line.label, (head if i == 0 else "") + f"{_tuning_text(scheme, groups[scheme])}: "
+                          + line.text, line.verdict))  # fmt: skip
+    return lines
+
+
+def _tuning_text(scheme: str, entry: dict) -> str:
+    """``siamese: lr 0.0158, LR sensitivity 0.31, largest stable lr 0.0398`` from a tuning.yaml group."""
+    stable = entry.get("largest_stable_lr")
+    stable = "none" if stable is None else f"{float(stable):g}"
+    return (f"{scheme}: lr {float(entry['picked_lr']):g}, LR sensitivity {float(entry['sensitivity']):.3g}, "
+            f"largest stable lr {stable}")  # fmt: skip
+
+
 def measure_row(root: Path, row: dict, paper: dict) -> list[Line] | None:
-    """The measured lines of one row, or None when its export (or bench file) does not exist yet."""
+    """The measured lines of one row, or None when its export (or bench file) does not exist yet (a tuned row:
+    one :data:`PENDING` line)."""
+    if "tuned" in row:
+        return _tuned_lines(root, row, paper)
     if "params" in row:
         return _param_lines(row, paper["overhead"]["parameters"])
     if "measure" in row:
@@ -324,7 +376,10 @@ def render(root: Path, path: str) -> str:
         f"Holm-adjusted, p < {alpha:g}; **undecided** = neither, with the seeds per cell the pooled analysis needs "
         "for 80 % power at the observed Δ and the smallest Δ its seeds detect. Where Brown-Forsythe rejects equal "
         "spread, each cell's own paired t-test with Holm across the slice; every verdict names its analysis. The "
-        "p after Δ is the cell's own paired t-test, unadjusted. Overhead "
+        "p after Δ is the cell's own paired t-test, unadjusted. A row at each scheme's own best rate names, per "
+        "scheme, the rate its tuning seeds picked, its LR sensitivity (Wortsman et al. 2023: the mean over the rate "
+        "grid of min(final loss, initial loss) minus the grid's best, a diverged or stalled run counted as the "
+        "initial loss) and its largest stable rate; its verdicts use the fresh seeds only. Overhead "
         "rows compare the measured change with the paper's, a step time only where its interquartile range and "
         "Pre-Norm's do not "
         "overlap. An export is written by `python -m experiments compare "
