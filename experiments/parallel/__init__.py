@@ -9,13 +9,16 @@ meshes), launching jobs across nodes (``experiments.sweeps``).
     mesh (data_parallel, tensor_parallel)         from ModelParallelStrategy(data_parallel_size, tensor_parallel_size)
       tensor_parallel > 1:  per Block             attention / MLP column- then row-parallel (Megatron); the
                                                   residual streams of every scheme sharded over the sequence
-      expert_parallel:      per MoE Block         experts split over data_parallel, tokens sent by all-to-all
+      expert_parallel(_size): per MoE Block       experts split over groups of data-parallel ranks (one node at
+                                                  most), tokens sent by all-to-all; FSDP2 over the groups
+      compile:              per Block             torch.compile (every strategy: compile_blocks)
       per Block, then root: fully_shard           parameters, gradients and optimizer state over data_parallel
 
 Everything runs on CPU processes (gloo) as it does on GPUs (NCCL): the tests prove it there.
 """
 
+from experiments.parallel.compile import compile_blocks
 from experiments.parallel.config import ParallelConfig
 from experiments.parallel.shard import is_parallelized, parallelize, sync_grads
 
-__all__ = ["ParallelConfig", "is_parallelized", "parallelize", "sync_grads"]
+__all__ = ["ParallelConfig", "compile_blocks", "is_parallelized", "parallelize", "sync_grads"]

@@ -18,7 +18,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """FSDP2 settings a task applies under ``ModelParallelStrategy`` (ignored by every other strategy).
+    """FSDP2 and expert-parallel settings a task applies under ``ModelParallelStrategy`` (ignored by every other
+    strategy), and compiled training (every strategy).
 
     Attributes:
         param_dtype: the dtype FSDP2 all-gathers parameters in for forward and backward (the sharded master
@@ -26,20 +27,40 @@ class ParallelConfig:
         reduce_dtype: the dtype gradients are reduce-scattered in.
         reshard_after_forward: free each Block's gathered parameters after its forward and gather them again in
             backward (ZeRO-3); False keeps them (ZeRO-2: more memory, one all-gather fewer per Block).
-        expert_parallel: split an MoE trunk's experts over the data-parallel ranks and send each token copy to
-            the rank of its expert (all-to-all; experiments.parallel.expert) instead of FSDP-sharding them.
+        expert_parallel: split an MoE trunk's experts over all the data-parallel ranks and send each token copy
+            to the rank of its expert (all-to-all; experiments.parallel.expert) instead of FSDP-sharding them:
+            ``expert_parallel_size`` = data_parallel_size.
+        expert_parallel_size: split the experts over groups of this many consecutive data-parallel ranks (the
+            GPUs of one node at most, so the all-to-alls stay inside a node), each expert FSDP2-sharded over the
+            data_parallel_size / expert_parallel_size groups. 0 or 1: decided by ``expert_parallel`` alone; above
+            1 it turns expert parallelism on whatever ``expert_parallel`` says.
+        compile: compile each trunk Block (``torch.compile`` per Block, after tensor / expert parallelism and
+            before FSDP2, activation checkpointing around it: torchtitan's order; experiments.parallel.compile),
+            under every strategy.
+        compile_backend: torch.compile's backend: "inductor" (fused kernels), "aot_eager" (the traced forward and
+            backward on torch's own kernels: what the CPU tests run), "eager" (graph capture only).
     """
 
     param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     reshard_after_forward: bool = True
     expert_parallel: bool = False
+    expert_parallel_size: int = 0
+    compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
 
     def param_torch_dtype(self, device_type: str) -> torch.dtype:
         """The all-gather dtype on ``device_type`` ("cpu", "cuda")."""
         if self.param_dtype == "auto":
             return torch.float32 if device_type == "cpu" else torch.bfloat16
         return DTYPES[self.param_dtype]
+
+    def expert_degree(self, data_parallel: int) -> int:
+        """The ranks each MoE layer's experts are split over out of ``data_parallel``: 0 when expert parallelism
+        is off, ``data_parallel`` for ``expert_parallel: true`` alone, else ``expert_parallel_size``."""
+        if self.expert_parallel_size > 1:
+            return self.expert_parallel_size
+        return data_parallel if self.expert_parallel else 0
 
 
 #################################################################################
@@ -81,7 +102,12 @@ def _get(section: Any, key: str, default: Any = None) -> Any:
 
 
 def check_parallel_layout(
-    trainer: Any, trunk: Any, seq_len: int | None, origin: Callable[[str], str], expert_parallel: bool = False
+    trainer: Any,
+    trunk: Any,
+    seq_len: int | None,
+    origin: Callable[[str], str],
+    expert_parallel: bool = False,
+    expert_parallel_size: int = 0,
 ) -> None:
     """Refuses a parallel layout that cannot run, before any process is launched or any file written.
 
@@ -93,13 +119,17 @@ def check_parallel_layout(
         origin: where a dotted key was set ("command line", a config file, "default").
         expert_parallel: ``model.init_args.parallel.expert_parallel``: the MoE experts are split over the
             data-parallel ranks, which must divide their number.
+        expert_parallel_size: ``model.init_args.parallel.expert_parallel_size``: the experts are split over groups
+            of this many data-parallel ranks, which must divide data_parallel_size, the devices of a node and the
+            experts.
 
     Raises:
         SuiteError: one line naming the option, its value, where it came from and what is valid: a size that is
             not "auto" or 1 to :data:`MAX_PARALLEL`, ``data_parallel_size x tensor_parallel_size`` other than the
             world size (``devices x num_nodes``), a tensor-parallel size the trunk's heads (query and key/value),
             hidden width or sequence length do not divide, tensor parallelism of a trunk it cannot split, expert
-            parallelism over a data-parallel size that does not divide the experts.
+            parallelism over a data-parallel size that does not divide the experts, an expert-parallel size that
+            does not divide the data-parallel size, one node's devices or the experts.
     """
     devices, nodes = (_whole(_get(trainer, key, default)) for key, default in (("devices", "auto"), ("num_nodes", 1)))
     for key, value in (("devices", devices), ("num_nodes", nodes)):
@@ -140,7 +170,8 @@ def check_parallel_layout(
             f"(trainer.devices={devices} x trainer.num_nodes={nodes}); valid: sizes whose product is {world}"
         )
     experts = getattr(getattr(trunk, "cfg", None), "moe_experts", 0) or 0
-    if expert_parallel and dp is not None and dp > 1 and experts % dp:
+    _check_expert_parallel_size(expert_parallel_size, dp, per_node, experts, origin)
+    if expert_parallel and expert_parallel_size <= 1 and dp is not None and dp > 1 and experts % dp:
         key = "trainer.strategy.init_args.data_parallel_size"
         raise SuiteError(
             f"{key}={dp} ({origin(key)}) does not divide the trunk's moe_experts {experts}, which expert parallelism "
@@ -153,3 +184,28 @@ def check_parallel_layout(
             check_tensor_parallel(trunk, tp, seq_len)
         except ValueError as err:
             raise SuiteError(f"{key}={tp} ({origin(key)}): {err}") from None
+
+
+def _check_expert_parallel_size(size: Any, dp: int | None, per_node: int | None, experts: int, origin) -> None:
+    """Refuses an ``expert_parallel_size`` that is not a whole number from 0 to :data:`MAX_PARALLEL`, or above 1 and
+    not dividing the data-parallel size (the groups of consecutive data-parallel ranks it splits the experts over),
+    one node's devices (a group must not straddle nodes: its all-to-alls stay on the node's links) or the experts."""
+    key = "model.init_args.parallel.expert_parallel_size"
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_PARALLEL:
+        raise SuiteError(f"{key}={size!r} ({origin(key)}); valid: a whole number from 0 to {MAX_PARALLEL} (0, 1: off)")
+    if size <= 1:
+        return
+    if not experts:
+        raise SuiteError(f"{key}={size} ({origin(key)}) needs an MoE trunk (moe_experts > 0); valid: 0 for this one")
+    for what, whole in (("data_parallel_size", dp), ("the devices of one node (trainer.devices)", per_node)):
+        if whole is not None and whole % size:
+            raise SuiteError(
+                f"{key}={size} ({origin(key)}) does not divide {what} {whole}; valid: an expert_parallel_size that "
+                f"divides both the data-parallel size and one node's devices (at most a node: its all-to-alls stay "
+                f"inside it)"
+            )
+    if experts % size:
+        raise SuiteError(
+            f"{key}={size} ({origin(key)}) does not divide the trunk's moe_experts {experts}; valid: a divisor of "
+            f"{experts} that divides the data-parallel size and one node's devices"
+        )

@@ -1,19 +1,22 @@
-"""Expert parallelism: the MoE's experts split over the data-parallel ranks, tokens exchanged with all-to-all.
+"""Expert parallelism: the MoE's experts split over a group of data-parallel ranks, tokens exchanged with all-to-all.
 
 The model is torchtitan's ``ExpertParallel``, on the suite's :class:`models.layers.moe.GroupedExperts` boundary
-``forward(sorted copies, copies per expert)``. With P ranks and E experts, rank r holds experts
-``r E/P .. (r+1) E/P - 1`` (the stacked weights cut on their first axis)::
+``forward(sorted copies, copies per expert)``. With P ranks in an expert-parallel group and E experts, rank r of
+the group holds experts ``r E/P .. (r+1) E/P - 1`` (the stacked weights cut on their first axis)::
 
     this rank's copies, sorted by expert ──all-to-all──▶ every copy routed to my experts, from every rank
       (grouped by destination rank)                       reordered: expert-major, then source rank
                                                           GroupedExperts on them (grouped matmul)
     outputs, in this rank's sorted order ◀──all-to-all── back to the ranks the copies came from
 
-The split sizes are counts the router just produced, so each layer reads them on the host once (inherent to
-expert parallelism; the dense path reads none). The experts' weights are left out of FSDP2 (they are sharded
-already) and their gradients, which sum every rank's tokens, are divided by P to be the same average FSDP2
-gives every other parameter (:func:`scale_expert_grads`). Routing statistics and the load-balancing loss stay
-each rank's own, as under DDP.
+The data-parallel ranks D are cut into D / P groups of P consecutive ranks (:func:`expert_mesh`: the 2-D mesh
+``(expert_shard, expert_parallel)``), P at most the GPUs of one node, so the all-to-alls stay inside a node. Each
+group holds every expert once; across the D / P groups each expert's shard is FSDP2-sharded again (torchtitan's
+``dp_mod_ep`` mesh). The split sizes are counts the router just produced, so each layer reads them on the host once
+(inherent to expert parallelism; the dense path reads none). The experts' gradients sum the P ranks' tokens and
+FSDP2 averages them over the D / P groups; :func:`scale_expert_grads` divides by P, so they are the same average
+over D ranks FSDP2 gives every other parameter. Routing statistics and the load-balancing loss stay each rank's
+own, as under DDP.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class ExpertParallel(ParallelStyle):
         if module.num_experts % device_mesh.size():
             raise ValueError(
                 f"trunk moe_experts {module.num_experts} is not divisible by the {device_mesh.size()} "
-                "data-parallel ranks expert parallelism splits them over"
+                "ranks expert parallelism splits them over (parallel.expert_parallel_size)"
             )
         return distribute_module(module, device_mesh, self._partition, self._dispatch, self._combine)
 
@@ -57,6 +60,7 @@ class ExpertParallel(ParallelStyle):
         for pname, param in list(module.named_parameters(recurse=False)):
             module.register_parameter(pname, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
 
+    @torch.compiler.disable  # data-dependent split sizes (host read): eager between compiled regions
     def _dispatch(self, module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple[Tensor, Tensor]:
         x, counts = inputs
         ranks, group = mesh.size(), mesh.get_group()
@@ -80,6 +84,7 @@ class ExpertParallel(ParallelStyle):
         self._plan = (send_splits, recv_splits, order)
         return x[order], received.sum(0)
 
+    @torch.compiler.disable
     def _combine(self, module: nn.Module, outputs: Tensor, mesh: DeviceMesh) -> Tensor:
         send_splits, recv_splits, order = self._plan
         self._plan = None
@@ -92,10 +97,31 @@ def expert_modules(trunk: Trunk) -> list[GroupedExperts]:
     return [m for m in trunk.modules() if isinstance(m, GroupedExperts)]
 
 
+EP, EP_SHARD = "expert_parallel", "expert_shard"  # the dimensions of expert_mesh
+
+
+def expert_mesh(dp_mesh: DeviceMesh, degree: int) -> DeviceMesh:
+    """The 1-D data-parallel mesh cut into ``(expert_shard, expert_parallel)`` = ``(D / degree, degree)``: groups of
+    ``degree`` consecutive ranks (one node's, when ``degree`` divides its devices), sliced from the same root mesh
+    so FSDP2 accepts the experts' expert-parallel DTensors on the other dimension.
+
+    Raises:
+        ValueError: ``degree`` does not divide the data-parallel size (one line; checked before launch by
+            :func:`experiments.parallel.config.check_parallel_layout`).
+    """
+    ranks = dp_mesh.size()
+    if degree < 1 or ranks % degree:
+        raise ValueError(
+            f"parallel.expert_parallel_size {degree} does not divide data_parallel_size {ranks}; valid: a divisor of "
+            f"{ranks} (at most one node's devices)"
+        )
+    return dp_mesh._unflatten(0, (ranks // degree, degree), (EP_SHARD, EP))
+
+
 def apply_expert_parallel(trunk: Trunk, mesh: DeviceMesh) -> None:
     """Shards every MoE block's experts over the 1-D ``mesh`` (in place)."""
     if not expert_modules(trunk):
-        raise ValueError("parallel.expert_parallel needs an MoE trunk (trunk.moe_experts > 0)")
+        raise ValueError("parallel.expert_parallel / expert_parallel_size needs an MoE trunk (trunk.moe_experts > 0)")
     for experts in expert_modules(trunk):
         ExpertParallel()._apply(experts, mesh)
 

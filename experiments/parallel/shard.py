@@ -3,15 +3,18 @@
     parallelize(net, mesh, config)
       0. fused projections held as their parts (experiments.parallel.packed), at every mesh size
       1. tensor_parallel > 1: experiments.parallel.tensor (per Block, in place); or, for an MoE trunk with
-         parallel.expert_parallel, its experts split over data_parallel (experiments.parallel.expert)
-      2. fully_shard(block) for every trunk Block, then fully_shard(net) for what is left (embeddings, heads,
+         parallel.expert_parallel(_size), its experts split over groups of data-parallel ranks and FSDP2-sharded
+         over the groups (experiments.parallel.expert)
+      2. parallel.compile: each trunk Block compiled (experiments.parallel.compile)
+      3. fully_shard(block) for every trunk Block, then fully_shard(net) for what is left (embeddings, heads,
          readout): one all-gather per Block in forward and in backward, one reduce-scatter per Block
-      3. the names of the sequence-parallel parameters kept on the net, for sync_grads
+      4. the names of the sequence-parallel parameters kept on the net, for sync_grads
 
 Activation checkpointing stays the trunk's own switch (``trunk.activation_checkpointing``): it recomputes each
 Block inside ``forward_state``, which composes with fully_shard (the Block's parameters are gathered again for
-the recomputation). The network is built and initialized on every rank before this (the same seed gives the
-same init everywhere), so the sharded init is the one-process init, cut into shards.
+the recomputation); with ``parallel.compile`` the recomputation moves inside each compiled Block (step 2). The
+network is built and initialized on every rank before this (the same seed gives the same init everywhere), so the
+sharded init is the one-process init, cut into shards.
 """
 
 from __future__ import annotations
@@ -25,15 +28,23 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
+from experiments.parallel.compile import compile_blocks
 from experiments.parallel.config import DTYPES, ParallelConfig
-from experiments.parallel.expert import apply_expert_parallel, expert_modules, scale_expert_grads
+from experiments.parallel.expert import (
+    EP,
+    EP_SHARD,
+    apply_expert_parallel,
+    expert_mesh,
+    expert_modules,
+    scale_expert_grads,
+)
 from experiments.parallel.packed import PackedLinear, pack_trunk
 from experiments.parallel.tensor import apply_tensor_parallel, check_tensor_parallel, sequence_parallel_params
 from models.trunk import Trunk
 
 DP, TP = "data_parallel", "tensor_parallel"  # Lightning's ModelParallelStrategy names its mesh dimensions so
 SP_PARAMS = "_sequence_parallel_params"  # attribute on the net: names of the parameters synced over TP
-EP_RANKS = "_expert_parallel_ranks"  # attribute on the net: ranks its experts are split over (0: none)
+EP_RANKS = "_expert_parallel_ranks"  # attribute on the net: ranks of a group its experts are split over (0: none)
 REPLICATED = "_replicated_params"  # attribute on the net: parameters FSDP2 leaves whole (0-dim ones)
 
 
@@ -108,18 +119,22 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
         names = {id(p): n for n, p in net.named_parameters()}
         sp_names = [names[id(p)] for p in sequence_parallel_params(trunk)]
     dp_mesh = mesh[DP]
-    experts: set[nn.Parameter] = set()
-    if config.expert_parallel:  # the experts are sharded by expert: FSDP2 leaves them alone
-        apply_expert_parallel(trunk, dp_mesh)
-        experts = {p for module in expert_modules(trunk) for p in module.parameters()}
     device_type = mesh.device_type
     policy = MixedPrecisionPolicy(
         param_dtype=config.param_torch_dtype(device_type), reduce_dtype=DTYPES[config.reduce_dtype]
     )
+    degree = config.expert_degree(dp_mesh.size())
+    if degree:  # split over groups of `degree` ranks, each expert's share FSDP2-sharded over the groups (torchtitan)
+        ep_mesh = expert_mesh(dp_mesh, degree)
+        apply_expert_parallel(trunk, ep_mesh[EP])
+        for module in expert_modules(trunk):
+            fully_shard(module, mesh=ep_mesh[EP_SHARD], mp_policy=policy,
+                        reshard_after_forward=config.reshard_after_forward)  # fmt: skip
+    compile_blocks(trunk, config)  # after the model-parallel styles, before FSDP2 (torchtitan's order)
     # fully_shard cannot cut a 0-dim parameter (Hyper-Connections' gains): it stays whole on every rank, outside
     # FSDP2, and sync_grads averages its gradient over data_parallel as FSDP2 does for the others
     scalars = {p for p in net.parameters() if p.ndim == 0}
-    left_out = experts | scalars
+    left_out = scalars
     # A packed projection's weight is (parts, rows, in): cut on dim 0 (2 or 3 parts) every rank would hold a padded
     # third or half of it; cut on its input axis (the last: a grouped-query qkv is (kv_heads, parts, Dh, in)), each
     # holds 1 / data_parallel (rows may be tensor-parallel)
@@ -134,7 +149,7 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, config: ParallelConfig, seq_le
     names = {id(p): n for n, p in net.named_parameters()}
     setattr(net, SP_PARAMS, tuple(sp_names))
     setattr(net, REPLICATED, tuple(names[id(p)] for p in scalars))
-    setattr(net, EP_RANKS, dp_mesh.size() if experts else 0)
+    setattr(net, EP_RANKS, degree)
     return net
 
 

@@ -11,6 +11,10 @@ Three launches of tests/experiments/parallel_worker.py share the cost of startin
               C resumed on 2 (1 -> 2); part run A (FSDP2); ViT and DiT under FSDP2 beside DDP, DiT under TP;
               the MoE with and without expert parallelism; a global batch of 8 as 2 ranks x 2 micro-batches of 2
     world 1   A resumed on one process (2 -> 1)
+    world 4   gradient jobs alone: expert parallelism in 2 groups of 2 ranks, eager and compiled
+
+The world-2 launch also runs a few AdamW steps of compiled training (aot_eager) under FSDP2 with activation
+checkpointing, TP, DDP and an MoE, each against one eager process.
 
 Tolerances: gradients of one step within 1e-5 of each parameter's largest (floored at 1e-3 of the largest of
 all; measured <= 7e-6: the sums are split differently); losses
@@ -107,15 +111,37 @@ DIT = ["-c", str(ROOT / "configs/dit/tiny.yaml"), "-c", str(ROOT / "configs/dit/
 
 
 # Ranks that disagree (tests/experiments/rank_faults.py): rank 1's loss of step 2 non-finite; a max_loss between the
-# two ranks' first losses (5.5582 on rank 0, 5.5485 on rank 1: the tiny siamese LM, seed 3, batch 16 per rank);
+# two ranks' first losses (5.5627 and 5.5650, the tiny siamese LM, seed 3, batch 16 per rank; they move with the
+# init and the data order: re-measure when the test says the threshold no longer splits them);
 # rank 1 held at step 2 while rank 0 waits in its next collective, then every rank sent SIGTERM: held 1 s more (it
 # comes back), or for good (the stop deadline, 5 s here, ends both)
 FAULTS = "tests.experiments.rank_faults"
 POISON = f"--trainer.callbacks+={FAULTS}.PoisonLoss"
-MAX_LOSS = 5.553
+MAX_LOSS = 5.5638
 SPLIT = ("--seed_everything=3", f"--divergence.max_loss={MAX_LOSS}")
 GRACE = ("--interrupt.grace_s=5",)
 STUCK = "--trainer.callbacks.stuck_s=600"
+
+
+# Gradient jobs of a few AdamW steps (parallel_worker.grad_difference), each held to one eager process on the whole
+# batch: compiled training (aot_eager: dynamo and AOTAutograd, torch's own kernels) under every strategy, and expert
+# parallelism on 4 ranks as 2 groups of 2 (experts split inside a group, FSDP2-sharded across the groups)
+COMPILED = {"compile": "aot_eager", "steps": 2}
+EXPERTS = {"experts": 4, "tp": 1}
+STEPPED = {
+    "compiled_fsdp2_checkpointed": {"kind": "grads", "scheme": "siamese", "dp": 2, "tp": 1, "checkpointing": True,
+                                    **COMPILED},
+    "compiled_tp": {"kind": "grads", "scheme": "pre", "dp": 1, "tp": 2, **COMPILED},
+    "compiled_ddp": {"kind": "grads", "scheme": "siamese_hybrid", "dp": 2, "tp": 1, "ddp": True, **COMPILED},
+    "compiled_moe_checkpointed": {"kind": "grads", "scheme": "siamese", "dp": 2, "checkpointing": True, **EXPERTS,
+                                  **COMPILED},
+}  # fmt: skip
+FOUR = {
+    "ep2_dp4": {"kind": "grads", "scheme": "pre", "dp": 4, "ep": 2, "steps": 3, **EXPERTS},
+    "compiled_ep2_dp4": {"kind": "grads", "scheme": "siamese", "dp": 4, "ep": 2, **EXPERTS, **COMPILED},
+}
+# gradients after AdamW steps (the update divides by sqrt(v), which magnifies float noise): 8.6e-5 measured (TP)
+STEP_RTOL = 3e-4
 
 
 def accumulate(run: Path, global_batch: int) -> tuple[str, ...]:
@@ -200,10 +226,12 @@ def ran(tmp_path_factory, corpus) -> dict:
         if record.is_file():
             saved = json.loads(record.read_text())
             grads = {tuple(k): v for k, v in saved.pop("grads")}
-            return {**{name: Path(path) for name, path in saved.items()}, "grads": grads}
+            steps = saved.pop("steps")
+            return {**{name: Path(path) for name, path in saved.items()}, "grads": grads, "steps": steps}
         r = _run_everything(shared / "parallel", corpus)
-        paths = {name: str(path) for name, path in r.items() if name != "grads"}
-        record.write_text(json.dumps({**paths, "grads": [[list(k), v] for k, v in r["grads"].items()]}))
+        paths = {name: str(path) for name, path in r.items() if name not in ("grads", "steps")}
+        grads = [[list(k), v] for k, v in r["grads"].items()]
+        record.write_text(json.dumps({**paths, "grads": grads, "steps": r["steps"]}))
         return r
 
 
@@ -227,6 +255,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
                 "--trainer.callbacks.in_validation=true", "--trainer.callbacks.signal_all=false"))  # fmt: skip
     jobs = [
         *grads,
+        *STEPPED.values(),
         fit(lm(r["fsdp"], corpus, 4, STEPS, "pre", *strategy(2, 1), *DIAG)),
         fit(lm(r["tp"], corpus, 8, STEPS, "pre", *strategy(1, 2), *DIAG)),
         fit(lm(r["tp_siamese"], corpus, 8, PART, "siamese", *strategy(1, 2))),  # two streams, one placement
@@ -272,10 +301,13 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
         within(lm(r["stuck"], corpus, 4, STEPS, "pre", *strategy(2, 1), *GRACE, *held(r["stuck"], STUCK))),
     ]
     results = launch(jobs, r["launch"] / "two", world=2, exits=(SIGTERM_EXIT,))
+    four = launch(list(FOUR.values()), r["launch"] / "four", world=4)  # expert parallelism inside "a node" of 2
     launch([fit(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))],  # 2 -> 1
            r["launch"] / "a", world=1)  # fmt: skip
     keys = [(g["scheme"], g["dp"], g["tp"], g.get("experts", 0), g.get("kv_heads", 0)) for g in grads]
     r["grads"] = dict(zip(keys, results[0][: len(grads)], strict=True))
+    stepped = results[0][len(grads) : len(grads) + len(STEPPED)]
+    r["steps"] = {**dict(zip(STEPPED, stepped, strict=True)), **dict(zip(FOUR, four[0], strict=True))}
     return r
 
 
@@ -295,6 +327,39 @@ def test_grouped_query_attention_gradients_equal_one_process(ran: dict, scheme: 
 @pytest.mark.parametrize("scheme", ["pre", "siamese"])
 def test_expert_parallel_gradients_equal_one_process(ran: dict, scheme: str):
     assert ran["grads"][(scheme, 2, 1, 4, 0)] <= RTOL  # 4 experts over 2 ranks, tokens by all-to-all
+
+
+def test_expert_parallel_groups_of_two_on_four_ranks_equal_one_process(ran: dict):
+    """4 ranks as 2 expert-parallel groups of 2 (expert_parallel_size 2 of data_parallel_size 4): each group holds the
+    4 experts once (2 per rank, tokens by all-to-all inside the group), each expert's share FSDP2-sharded over the 2
+    groups. Three AdamW steps, each on a new batch, against one process on the whole batch."""
+    first, worst, loss, _ = ran["steps"]["ep2_dp4"]
+    assert first <= RTOL and worst <= STEP_RTOL and loss <= RTOL, (first, worst, loss)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "compiled_fsdp2_checkpointed",  # FSDP2 x activation checkpointing, a two-stream scheme
+        "compiled_tp",
+        "compiled_ddp",  # torch's DDP around compile_blocks: the path of every strategy without a mesh
+        pytest.param(
+            "compiled_moe_checkpointed",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="models/layers/moe.py grouped_matmul calls is_fake() before torch.compiler.is_compiling(): "
+                "dynamo cannot trace it inside the compiled recomputation, which then runs eagerly (0 graphs)",
+            ),
+        ),
+        "compiled_ep2_dp4",  # expert parallelism in groups of 2 on 4 ranks
+    ],
+)
+def test_compiled_training_equals_eager_one_process(ran: dict, case: str):
+    """Each trunk Block compiled (aot_eager) after tensor / expert parallelism and before FSDP2, activation
+    checkpointing inside the compiled region (torchtitan's order): two AdamW steps against one eager process."""
+    first, worst, loss, graphs = ran["steps"][case]
+    assert graphs > 0, "nothing was compiled"
+    assert first <= RTOL and worst <= STEP_RTOL and loss <= RTOL, (first, worst, loss)
 
 
 def test_an_moe_fit_with_its_experts_split_over_the_ranks_follows_fsdp2(ran: dict):
@@ -563,3 +628,28 @@ def test_what_tensor_parallelism_refuses_is_one_line(options: dict, message: str
         check_tensor_parallel(Trunk(cfg), 2, 32)
     with pytest.raises(ValueError, match="sequence length 33 is not divisible"):
         check_tensor_parallel(Trunk(TrunkConfig(dim=32, depth=1, num_heads=2)), 2, 33)
+
+
+@pytest.mark.parametrize(
+    "devices,nodes,dp,ep,experts,message",
+    [
+        (4, 1, 4, 3, 6, "expert_parallel_size=3 (command line) does not divide data_parallel_size 4"),
+        (2, 2, 4, 4, 8, "does not divide the devices of one node (trainer.devices) 2"),  # a group across 2 nodes
+        (4, 1, 4, 4, 6, "does not divide the trunk's moe_experts 6"),
+        (4, 1, 4, -1, 8, "expert_parallel_size=-1 (command line); valid: a whole number from 0"),
+        (4, 1, 4, 2, 0, "needs an MoE trunk"),
+    ],
+)
+def test_an_expert_parallel_size_that_cannot_run_is_one_line_before_launch(devices, nodes, dp, ep, experts, message):
+    from experiments.parallel.config import check_parallel_layout
+    from experiments.reliability.errors import SuiteError
+
+    trainer = {"devices": devices, "num_nodes": nodes, "strategy": {
+        "class_path": "experiments.reliability.sharded.ModelParallelStrategy",
+        "init_args": {"data_parallel_size": dp, "tensor_parallel_size": 1}}}  # fmt: skip
+    moe = {"moe_experts": experts, "moe_top_k": 2} if experts else {}
+    trunk = Trunk(TrunkConfig(dim=16, depth=1, num_heads=2, mlp="swiglu", mlp_hidden=32, **moe))
+    with pytest.raises(SuiteError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_parallel_layout(trainer, trunk, 32, lambda key: "command line", expert_parallel_size=ep)
+    if experts == 8 and ep == 4:  # the same size within one node of 4: valid
+        check_parallel_layout({**trainer, "devices": 4, "num_nodes": 1}, trunk, 32, lambda key: "x", False, 4)
