@@ -16,7 +16,10 @@ from torch.distributed.tensor import DTensor
 
 
 def grad_norm(params: Iterable[nn.Parameter]) -> Tensor:
-    """The L2 norm of all gradients together, as a plain float32 scalar, the same on every rank."""
+    """The L2 norm of all gradients together, a float32 scalar on the gradients' device, the same on every rank.
+
+    Nothing is read on the host: the sums stay on the device (a GPU run's step is not held up waiting for them).
+    """
     groups: dict[tuple, list[Tensor]] = {}
     for p in params:
         if p.grad is None:
@@ -24,21 +27,26 @@ def grad_norm(params: Iterable[nn.Parameter]) -> Tensor:
         g = p.grad
         key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else ("local",)
         groups.setdefault(key, []).append(g)
-    total = torch.zeros((), dtype=torch.float32)
+    total: Tensor | None = None
     for grads in groups.values():
         norms = torch._foreach_norm(grads, 2.0)
         squares = torch.stack([n.float() for n in norms]).square().sum()
-        total = total + (squares.full_tensor() if isinstance(squares, DTensor) else squares).cpu()
-    return total.sqrt()
+        part = squares.full_tensor() if isinstance(squares, DTensor) else squares
+        total = part if total is None else total + part.to(total.device)
+    return torch.zeros((), dtype=torch.float32) if total is None else total.sqrt()
 
 
 @torch.no_grad()
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, eps: float = 1e-6) -> Tensor:
-    """Scales every gradient by ``min(1, max_norm / (norm + eps))``, as ``clip_grad_norm_`` does; returns the norm."""
+    """Scales every gradient by ``min(1, max_norm / (norm + eps))``, as ``clip_grad_norm_`` does; returns the norm.
+
+    The factor stays a device tensor and every gradient is multiplied by it (by 1 when the norm is below
+    ``max_norm``, which changes no bit), as torch's ``clip_grad_norm_`` does: no host sync.
+    """
     params = [p for p in params if p.grad is not None]
     norm = grad_norm(params)
-    coef = min(1.0, max_norm / (float(norm) + eps))
-    if coef < 1.0:
-        for p in params:
-            p.grad.mul_(coef)
+    coef = torch.clamp(max_norm / (norm + eps), max=1.0)
+    for p in params:
+        local = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad  # the factor is the same on every rank
+        local.mul_(coef.to(local.device))
     return norm
