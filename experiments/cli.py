@@ -337,10 +337,11 @@ class SuiteCLI(LightningCLI):
         model = self.model
         net = getattr(model, "net", None)
         seq_len = getattr(model, "sequence_length", None)
-        experts_split = bool(getattr(getattr(model, "parallel_cfg", None), "expert_parallel", False))
+        parallel_cfg = getattr(model, "parallel_cfg", None)
+        experts_split = bool(getattr(parallel_cfg, "expert_parallel", False))
         check_parallel_layout(
             config.get("trainer"), getattr(net, "trunk", None), seq_len if isinstance(seq_len, int) else None,
-            lambda key: origin_of(key, self._argv), experts_split,
+            lambda key: origin_of(key, self._argv), experts_split, getattr(parallel_cfg, "expert_parallel_size", 0),
         )  # fmt: skip
         ckpt = config.get("ckpt_path")
         if ckpt is not None:
