@@ -15,6 +15,10 @@ meshes), launching jobs across nodes (``experiments.sweeps``).
       per Block, then root: fully_shard           parameters, gradients and optimizer state over data_parallel
 
 Everything runs on CPU processes (gloo) as it does on GPUs (NCCL): the tests prove it there.
+
+Also here: the checks before submission that run the network on fake tensors: the memory estimate (memory.py,
+estimate_cli.py) and one training step on fake CUDA tensors (fake_step.py, with fake_backward.py walking the
+backward graph, since torch's autograd engine needs a real CUDA context).
 """
 
 from experiments.parallel.compile import compile_blocks
