@@ -4,8 +4,10 @@ flat as the input grows; a kill mid-way then the same command gives byte-identic
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
 import re
 import signal
 import subprocess
@@ -147,6 +149,11 @@ def _run(args: list[str], **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)  # fmt: skip
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _big_jsonl_zst(path: Path, megabytes: int) -> int:
     """A generated jsonl.zst corpus of about ``megabytes`` MB of text (repetitive, so it compresses fast)."""
     rng = np.random.default_rng(3)
@@ -186,7 +193,10 @@ def test_memory_stays_flat_as_the_input_grows(tmp_path: Path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several busy processes: never beside another such test
-def test_a_kill_then_the_same_command_gives_the_same_bytes(tmp_path: Path):
+def test_a_kill_then_the_same_command_gives_the_same_bytes(tmp_path: Path, request):
+    started: list[subprocess.Popen] = []
+    # each in its own session; at the end every process of it goes (a killed prepare's pool workers too)
+    request.addfinalizer(lambda: [_kill_group(p) for p in started])
     corpus = tmp_path / "corpus.jsonl.zst"
     _big_jsonl_zst(corpus, 48)
     common = ["--input", str(corpus), "--workers", "2", "--checkpoint-mb", "4", "--shard-tokens", "5000000"]
@@ -195,7 +205,8 @@ def test_a_kill_then_the_same_command_gives_the_same_bytes(tmp_path: Path):
                    cwd=ROOT, check=True, capture_output=True)  # fmt: skip
     args = [*common, "--out", str(again), "--no-progress"]
     # Killed (SIGKILL, nothing saved on the way out) after its second saved state, then the same command again.
-    proc = _run(args)
+    proc = _run(args, start_new_session=True)
+    started.append(proc)
     state = again / ".prepare" / "state.json"
     deadline = time.monotonic() + 300
 
@@ -213,7 +224,8 @@ def test_a_kill_then_the_same_command_gives_the_same_bytes(tmp_path: Path):
     assert not (again / "meta.json").exists()
     # Stopped by SIGTERM this time, once it works again: it saves its state at the next batch and exits 143.
     killed_at = saved()
-    proc = _run(args)
+    proc = _run(args, start_new_session=True)
+    started.append(proc)
     while saved() <= killed_at:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
