@@ -17,7 +17,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from experiments.monitoring.hparams import declare_hparams
 from experiments.monitoring.throughput import Throughput
-from experiments.parallel import ParallelConfig, is_parallelized, parallelize, sync_grads
+from experiments.parallel import ParallelConfig, compile_blocks, is_parallelized, parallelize, sync_grads
 from experiments.parallel.clip import clip_grad_norm
 from experiments.parallel.meta_init import materialize, on_meta, plan_of
 from experiments.parallel.streams import RankStreams
@@ -92,7 +92,9 @@ class TaskModule(L.LightningModule):
         the network (and to its EMA copy, the same way, so the two stay shard for shard). Every other strategy
         leaves the module as it is. Then, for a network built with ``meta_init``, each rank draws the values of its
         own shards (:mod:`experiments.parallel.meta_init`; under any other strategy, the whole network), the same
-        bits as a network built in full. Lightning calls this at every stage; the second call does nothing.
+        bits as a network built in full. With ``parallel.compile`` each trunk Block is compiled (under a mesh by
+        ``parallelize``, between tensor parallelism and FSDP2). Lightning calls this at every stage; the second call
+        does nothing.
 
         Raises:
             ValueError: a network or trunk the mesh cannot shard (one line saying why and what is valid).
@@ -105,6 +107,10 @@ class TaskModule(L.LightningModule):
         device = trainer.strategy.root_device if trainer is not None and self._device_mesh is not None else "cpu"
         for net, plan in plans:
             materialize(net, plan, net.init_seed, device)
+        if self._device_mesh is None:  # single device / DDP; under a mesh, parallelize compiled the Blocks
+            for net in nets:
+                if getattr(net, "trunk", None) is not None:
+                    compile_blocks(net.trunk, self.parallel_cfg)
 
     def parallelize_networks(self, nets: list[torch.nn.Module]) -> None:
         """Shards ``nets`` over the strategy's mesh (each once: ``configure_model`` runs at every stage)."""
