@@ -18,7 +18,7 @@ def _curve(runs: Path, scheme: str) -> list[float]:
 
 
 @pytest.mark.slow
-def test_a_compiled_fit_gives_the_eager_losses(tmp_path: Path, data_dir: Path):
+def test_a_compiled_fit_gives_the_eager_losses(tmp_path: Path, data_dir: Path):  # noqa: F811
     steps = ["--trainer.max_steps=3", "--trainer.limit_val_batches=1", "--trainer.val_check_interval=3",
              "--model.init_args.trunk.activation_checkpointing=true", "--summary.log_every_n_steps=1"]  # fmt: skip
     run("fit", tmp_path / "eager", data_dir, *steps, scheme="siamese")
