@@ -14,7 +14,9 @@ Activation checkpointing stays the trunk's own switch (``trunk.activation_checkp
 Block inside ``forward_state``, which composes with fully_shard (the Block's parameters are gathered again for
 the recomputation); with ``parallel.compile`` the recomputation moves inside each compiled Block (step 2). The
 network is built and initialized on every rank before this (the same seed gives the same init everywhere), so the
-sharded init is the one-process init, cut into shards.
+sharded init is the one-process init, cut into shards; or, with ``meta_init``, built on the meta device and filled
+per rank after this, each rank drawing the full tensors and keeping its own slices (experiments.parallel.meta_init):
+the same bits.
 """
 
 from __future__ import annotations
