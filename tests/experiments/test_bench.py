@@ -325,13 +325,15 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path: Path):
     assert names[:5] == list(gpu_check.LM_SCHEMES)
     assert names[5:] == ["timm VisionTransformer", "ours (pre)", "diffusers DiTTransformer2DModel", "ours (pre)"]
     checks = {t.what.split(":")[0]: t for t in report["targets"]}
-    assert set(checks) == {"fsdp", "fsdp2 fit", "loss", "bf16 params (hyper)", "bf16 params (siamese)", "moe", "diag"}
+    assert set(checks) == {"fsdp", "fsdp2 fit", "loss", "bf16 params (hyper)", "bf16 params (siamese)", "moe", "diag",
+                           "meta init"}  # fmt: skip
+    assert checks["meta init"].value == 0  # the same bits: built on meta and filled, or built in full
     assert all(t.met for t in checks.values())
     assert 0 < checks["loss"].value < gpu_check.LOSS_RTOL  # bf16 against fp32: close, not identical
     text = (tmp_path / "gpu_check.md").read_text()
     for heading in ("# GPU check", "## FSDP2 on one device", "## fit / resume under configs/trainer/fsdp2.yaml",
                     "## 4 real steps of the tiny LM", "## bf16 parameters under FSDP2", "## MoE under bf16-mixed",
-                    "## Diagnostics under FSDP2", "## Checks"):  # fmt: skip
+                    "## Diagnostics under FSDP2", "## Meta-device init", "## Checks"):  # fmt: skip
         assert heading in text
     with pytest.raises(SystemExit, match="--sections"):
         gpu_check.main(["--cpu-smoke", "--sections", "lm,gpu"])
