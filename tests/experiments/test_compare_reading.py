@@ -216,6 +216,6 @@ def test_a_pages_verdicts_block_is_generated_from_the_export(tmp_path: Path, mon
     assert suite_main(["readme", str(page)]) in (0, None)
     capsys.readouterr()
     assert page.read_text() == (
-        "What holds:\n<!-- results:exp:verdicts -->\n- **Equivalent to pre** (val/loss): siamese within ±0.06 (Dunnett, "
-        "block model, TOST p = 0.026, n = 3).\n<!-- /results -->\n"
+        "What holds:\n<!-- results:exp:verdicts -->\n- **Equivalent to pre** (val/loss): siamese within ±0.06 "
+        "(Dunnett, block model, TOST p = 0.026, n = 3).\n<!-- /results -->\n"
     )
