@@ -62,6 +62,7 @@ class RunSummary(Callback):
         self.baseline_loss: float | None = None
         self.status = "running"
         self.whole_split_val: dict[str, Any] | None = None  # {"metrics", "protocol"} of the final validation
+        self._last_step: int | None = None  # global_step at the previous train batch end
 
     def _path(self, trainer: L.Trainer) -> Path | None:
         run_dir = trainer_run_dir(trainer)
@@ -79,10 +80,14 @@ class RunSummary(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.progress.total = _total_steps(trainer)  # once: Lightning's estimate walks the loaders
         self.progress.restart_clock(trainer.global_step)  # a resumed fit's step is known only now
+        self._last_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
-        if step % self.log_every_n_steps == 0 and "train/loss" in trainer.callback_metrics:
+        # Only after a micro-batch the optimizer stepped after: with gradient accumulation the others share the
+        # step number, and the step's loss (the mean over its micro-batches) is complete only at its last.
+        stepped, self._last_step = step != self._last_step, step
+        if stepped and step % self.log_every_n_steps == 0 and "train/loss" in trainer.callback_metrics:
             loss = trainer.callback_metrics["train/loss"].detach().float()  # the mean over ranks (sync_dist)
             self.train_curve.append((step, float(loss)))
         if trainer.global_rank == 0 and self.progress.due():

@@ -16,6 +16,7 @@ from timm.utils import ModelEmaV3
 from torch.distributed.fsdp import FSDPModule
 
 from experiments.monitoring.hparams import declare_hparams
+from experiments.monitoring.step_mean import StepMean
 from experiments.monitoring.throughput import Throughput
 from experiments.parallel import ParallelConfig, compile_blocks, is_parallelized, parallelize, sync_grads
 from experiments.parallel.clip import clip_grad_norm
@@ -47,6 +48,7 @@ class TaskModule(L.LightningModule):
         self.trunk_cfg, self.optim_cfg = trunk, optim
         self.parallel_cfg = parallel or ParallelConfig()
         self.meta_init = meta_init
+        self.step_mean = StepMean()  # train/loss: the optimizer step's mean over its micro-batches
 
     def building(self) -> AbstractContextManager:
         """Where a subclass builds ``self.net``: with ``meta_init``, its large tensors on the meta device

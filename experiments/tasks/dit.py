@@ -158,7 +158,7 @@ class LatentDiffusion(TaskModule):
         latents, labels = batch
         if split == "train":
             loss = self.diffusion_loss(self.net, latents, labels)
-            self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
+            self.log("train/loss", self.step_mean(loss, self.global_step), prog_bar=True, sync_dist=True)  # step mean
             return loss
         # Evaluation noise is seeded per batch so val/test losses compare across runs and schemes.
         gen = torch.Generator(device=latents.device).manual_seed(1000 + int(labels[0]))

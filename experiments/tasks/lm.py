@@ -169,7 +169,7 @@ class LanguageModeling(TaskModule):
         if self.trunk_cfg.moe_experts:
             self.log_routing(split, routing, targets.numel())
         if split == "train":
-            self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
+            self.log("train/loss", self.step_mean(loss, self.global_step), prog_bar=True, sync_dist=True)  # step mean
             total = loss + self.moe_aux_weight * routing.mean_loss + self.moe_z_weight * routing.mean_z
             if self.z_loss_weight > 0:
                 z_loss = logit_z_loss(logits)

@@ -29,6 +29,7 @@ from torchmetrics.image import PeakSignalNoiseRatio
 from torchvision.utils import make_grid
 
 from experiments.monitoring.hparams import declare_hparams
+from experiments.monitoring.step_mean import StepMean
 from experiments.reliability.layout import trainer_run_dir
 from experiments.tasks.optim import warmup_cosine
 from models.vae import build_vae
@@ -119,6 +120,7 @@ class AutoencoderTraining(L.LightningModule):
         img_size: int = 32,
     ) -> None:
         super().__init__()
+        self.step_mean = StepMean()  # train/loss: the optimizer step's mean over its micro-batches
         if rec_loss not in ("l1", "mse"):
             raise ValueError(f"rec_loss={rec_loss!r} is not a reconstruction loss; valid: l1, mse")
         if kl_weight < 0 or lr <= 0 or weight_decay < 0 or warmup_steps < 0:
@@ -152,7 +154,7 @@ class AutoencoderTraining(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         out = self.compute_losses(batch[0], sample=True)
-        self.log("train/loss", out.loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
+        self.log("train/loss", self.step_mean(out.loss, self.global_step), prog_bar=True, sync_dist=True)  # step mean
         self.log("train/rec_loss", out.rec_loss)
         self.log("train/kl", out.kl)
         return out.loss

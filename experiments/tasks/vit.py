@@ -104,7 +104,7 @@ class ImageClassification(TaskModule):
                 loss = self.soft_ce(self.net(images), soft)
             else:
                 loss = F.cross_entropy(self.net(images), labels, label_smoothing=self.label_smoothing)
-            self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's, not rank 0's
+            self.log("train/loss", self.step_mean(loss, self.global_step), prog_bar=True, sync_dist=True)  # step mean
             return loss
         logits = self._eval_net()(images)
         loss = F.cross_entropy(logits, labels)
