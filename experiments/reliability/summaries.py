@@ -17,7 +17,8 @@ SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
     "task": (str,), "scheme": (str,), "status": (str,), "error": (str,), "lr": _NUMBER, "params": (int,),
     "steps": (int,), "wall_time_s": _NUMBER, "final_train_loss": _NUMBER, "final_val": (dict,),
     "baseline_loss": _NUMBER, "diverged_at": (int,), "spikes": (int,), "train_curve": (list,),
-    "val_curve": (list,), "test": (dict,), "test_protocol": (dict,),
+    "val_curve": (list,), "test": (dict,), "test_protocol": (dict,), "whole_split_val": (dict,),
+    "whole_split_val_protocol": (dict,),
 }  # fmt: skip
 
 
@@ -29,7 +30,7 @@ def check_summary(summary: dict, path: Path) -> dict:
             valid = " or ".join(t.__name__ for t in types)
             what = type(value).__name__
             raise SuiteError(f"run summary {path}: {key}={repr(value)[:60]} is a {what}; valid: {valid}")
-    for key in ("final_val", "test"):
+    for key in ("final_val", "whole_split_val", "test"):
         for name, value in (summary.get(key) or {}).items():
             if value is not None and (not isinstance(value, _NUMBER) or isinstance(value, bool)):
                 raise SuiteError(f"run summary {path}: {key}[{name!r}]={repr(value)[:60]}; valid: a number")

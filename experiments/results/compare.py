@@ -49,9 +49,39 @@ def sweep_baseline(summaries: dict[str, dict]) -> float | None:
     return values.pop() if len(values) == 1 else None
 
 
-def status_of(summary: dict, baseline: float | None) -> str:
+WHOLE_SPLIT = "whole_split_val"  # summary.json: the final weights validated on the whole split (after fit)
+
+
+def whole_split_for_all(summaries: dict[str, dict]) -> bool:
+    """Whether every run that has a validation has one on the whole split: then those are compared; one run without
+    it (recorded before the final validation existed, or run with it off) and all are read at their last in-loop
+    validation, so no cell pairs a whole-split value with a sampled one."""
+    validated = [s for s in summaries.values() if s.get("final_val") or s.get(WHOLE_SPLIT)]
+    return bool(validated) and all(isinstance(s.get(WHOLE_SPLIT), dict) and s[WHOLE_SPLIT] for s in validated)
+
+
+def validation_of(summary: dict, whole_split: bool) -> dict:
+    """The validation metrics a comparison reads of a run: the whole split's or the last in-loop one's."""
+    return (summary.get(WHOLE_SPLIT) if whole_split else None) or summary.get("final_val") or {}
+
+
+def validation_note(summaries: dict[str, dict]) -> list[str]:
+    """What the val/ values of a comparison are, said once under its tables."""
+    validated = [s for s in summaries.values() if s.get("final_val") or s.get(WHOLE_SPLIT)]
+    whole = sum(bool(s.get(WHOLE_SPLIT)) for s in validated)
+    if not validated:
+        return []
+    if whole == len(validated):
+        return ["val/ metrics: each run's final weights on the whole validation split (summary.json whole_split_val)"]
+    if whole:
+        return [f"val/ metrics: the last in-loop validation of every run, since {len(validated) - whole} of "
+                f"{len(validated)} runs have no whole-split validation (a comparison never mixes the two)"]  # fmt: skip
+    return ["val/ metrics: each run's last in-loop validation (summary.json final_val)"]
+
+
+def status_of(summary: dict, baseline: float | None, whole_split: bool = False) -> str:
     status = summary.get("status", "?")
-    val_loss = (summary.get("final_val") or {}).get("val/loss")
+    val_loss = validation_of(summary, whole_split).get("val/loss")
     baseline = summary.get("baseline_loss") or baseline
     if status == "finished" and val_loss is not None and baseline and val_loss > STALL_RATIO * baseline:
         return "stalled"
@@ -63,9 +93,9 @@ def rows(summaries: dict[str, dict], metric: str, coordinates: dict[str, dict] |
     losses, the sweep's ``metric`` (key ``metric``), an MoE's routing statistics (``val/moe_*``), test
     metrics and test protocol."""
     coordinates = coordinates or run_coordinates({}, summaries)
-    table, baseline = [], sweep_baseline(summaries)
+    table, baseline, whole = [], sweep_baseline(summaries), whole_split_for_all(summaries)
     for name, s in summaries.items():
-        val = s.get("final_val") or {}
+        val = validation_of(s, whole)
         coords = coordinates.get(name) or run_coordinates({}, {name: s})[name]
         diverged = s.get("status") == "diverged"
         table.append(
@@ -75,7 +105,7 @@ def rows(summaries: dict[str, dict], metric: str, coordinates: dict[str, dict] |
                 "scheme": coords.get("scheme", s.get("scheme", "?")),  # the grid's: a named variant stays named
                 "lr": coords.get("lr", s.get("lr")),
                 "cell": cell_key({k: v for k, v in coords.items()}),
-                "status": status_of(s, baseline),
+                "status": status_of(s, baseline, whole),
                 "steps": s.get("steps"),
                 "train_loss": s.get("final_train_loss"),
                 "val_loss": val.get("val/loss"),
@@ -152,7 +182,7 @@ def load_comparison(sweep_dir: Path, names: list[str] | None = None, metric: str
     metric = metric or record.get("metric", "val/loss")
     summaries = load_summaries(sweep_dir, names)
     table = rows(summaries, metric, run_coordinates(record, summaries))
-    protocol_notes = assign_protocols(table)
+    protocol_notes = assign_protocols(table) + validation_note(summaries)
     comparison = Comparison(record, metric, record.get("baseline"), summaries, table, group(table), protocol_notes,
                             reading)  # fmt: skip
     return with_last_evals(comparison, reading.last_evals) if reading.last_evals > 1 else comparison

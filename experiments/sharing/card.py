@@ -229,6 +229,11 @@ def body(run: RunCheckpoint, report: ExportReport, name: str, files: list[tuple[
     final_val = run.summary.get("final_val") or {}
     if final_val:
         results += "\n\nLast validation: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(final_val.items()))
+    whole = run.summary.get("whole_split_val") or {}
+    if whole:
+        results += "\n\nFinal weights on the whole validation split: " + ", ".join(
+            f"{k} {v:.6g}" for k, v in sorted(whole.items())
+        )
     checks = "\n".join(f"- {line}" for line in report.checks) or "- not run (`--no-check`)"
     notes = "".join(f"\n- {note}" for note in report.notes)
     listing = "\n".join(f"| `{path}` | {human_size(size)} |" for path, size in files)

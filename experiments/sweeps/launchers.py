@@ -224,7 +224,7 @@ def _report(
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
         say(f"{tag}: CRASHED (exit {code}): {tail[0][:200]}")
     else:
-        value = (record.get("final_val") or {}).get(metric)
+        value = (record.get("whole_split_val") or record.get("final_val") or {}).get(metric)
         shown = f"{metric} {value:.4g}" if value is not None else ""
         say(f"{tag}: {status} in {time.perf_counter() - start:.0f} s {shown}")
     if status == "crashed" and not summary.exists():

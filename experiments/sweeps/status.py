@@ -53,7 +53,7 @@ def run_state(spec: SweepSpec, run: Run, sweep_dir: Path, jobs: dict[str, dict])
         state = "testing" if untested and (scheduler in ACTIVE or (scheduler is None and fresh)) else status
         if untested and state != "testing":
             state = "interrupted"  # fit done, test missing: the next sweep runs the test only
-        value = (summary.get("final_val") or {}).get(spec.metric)
+        value = (summary.get("whole_split_val") or summary.get("final_val") or {}).get(spec.metric)
         detail = f"step {summary.get('steps', '?'):,}" + (f", {spec.metric} {value:.4g}" if value is not None else "")
         if state == "testing":
             detail = describe_progress(progress)
