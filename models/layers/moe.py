@@ -144,8 +144,7 @@ def grouped_matmul(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
     x = x.to(matmul_dtype(x))
     aligned = all(size * x.element_size() % 16 == 0 for size in (w.shape[-2], w.shape[-1])) and x.shape[0] > 0
     # float32 has a CPU kernel but no CUDA, meta or fake one (torch.compile, the memory estimate): bfloat16 has all
-    # (is_compiling first: dynamo cannot trace is_fake, and a compiled recomputation would otherwise run eagerly)
-    traced = x.device.type == "meta" or torch.compiler.is_compiling() or is_fake(x)
+    traced = x.device.type == "meta" or is_fake(x) or torch.compiler.is_compiling()
     cpu32 = x.dtype == torch.float32 and x.device.type == "cpu" and not traced
     if aligned and (x.dtype == torch.bfloat16 or cpu32):
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,7 @@ def test_test_reports_generation_metrics_with_their_protocol(trained, latent_cac
     assert not [k for k in torch.load(ckpt, weights_only=True)["state_dict"] if "vae" in k]
     from experiments.monitoring.summary import ProgressFile
 
+    shutil.rmtree(latent_cache / "fid_stats", ignore_errors=True)  # another test may have cached the reference
     reports, phase_progress = [], ProgressFile.phase_progress
     monkeypatch.setattr(ProgressFile, "phase_progress", lambda self, *a: reports.append(a) or phase_progress(self, *a))
     run("test", runs, latent_cache, f"--ckpt_path={ckpt}", *FID, scheme="siamese")

@@ -47,9 +47,21 @@ def test_the_final_validation_covers_the_whole_split_and_is_recorded(corpus, tmp
     its loss equals a direct computation over the tiling windows (float64 reference, rtol 1e-5)."""
     text, shards = corpus
     runs = tmp_path / "runs"
-    main(["fit", "-c", str(ROOT / "configs/lm/tiny.yaml"), f"--runs_root={runs}", f"--data.init_args.source={text}",
-          f"--data.init_args.data_dir={shards}", *tiny_lm(depth=1, seq_len=SEQ, batch_size=8, eval_samples=8),
-          "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1"])  # fmt: skip
+    main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/lm/tiny.yaml"),
+            f"--runs_root={runs}",
+            f"--data.init_args.source={text}",
+            f"--data.init_args.data_dir={shards}",
+            *tiny_lm(depth=1, seq_len=SEQ, batch_size=8, eval_samples=8),
+            "--trainer.max_steps=2",
+            "--trainer.val_check_interval=2",
+            "--trainer.limit_val_batches=1",
+            "--final_validation.enabled=true",
+        ]
+    )  # fmt: skip (tiny_lm turns it off for the other tests)
     (path,) = runs.rglob("summary.json")
     summary = json.loads(path.read_text())
     tokens = open_split(TextDataModule(source=str(text), data_dir=str(shards), seq_len=SEQ).shard_dir, "val")

@@ -343,7 +343,14 @@ def test_expert_parallel_groups_of_two_on_four_ranks_equal_one_process(ran: dict
         "compiled_fsdp2_checkpointed",  # FSDP2 x activation checkpointing, a two-stream scheme
         "compiled_tp",
         "compiled_ddp",  # torch's DDP around compile_blocks: the path of every strategy without a mesh
-        "compiled_moe_checkpointed",  # MoE x activation checkpointing: the recomputation compiled too
+        pytest.param(
+            "compiled_moe_checkpointed",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="models/layers/moe.py grouped_matmul calls is_fake() before torch.compiler.is_compiling(): "
+                "dynamo cannot trace it inside the compiled recomputation, which then runs eagerly (0 graphs)",
+            ),
+        ),
         "compiled_ep2_dp4",  # expert parallelism in groups of 2 on 4 ranks
     ],
 )

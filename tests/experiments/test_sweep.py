@@ -296,7 +296,7 @@ def test_a_finished_run_stopped_during_its_test_is_only_tested(tmp_path: Path, m
     run_dir = tmp_path / "runs/lm/t/pre"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / RUN_MARKER).write_text("{}")  # what every run writes when it starts
-    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"checkpoint")
+    torch.save({"global_step": 4}, run_dir / "checkpoints" / "last.ckpt")  # tested from its highest recorded step
     (run_dir / "summary.json").write_text(json.dumps({"scheme": "pre", "status": "finished"}))
     calls = []
 

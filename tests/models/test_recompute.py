@@ -219,8 +219,9 @@ def test_recompute_under_torch_compile():
     eager = run(plain, False)
     torch.testing.assert_close(compiled[0], eager[0], rtol=1e-6, atol=1e-6)
     assert rel(compiled[1], eager[1]) <= 1e-5
-    for name, grad in eager[2].items():
-        assert rel(compiled[2][f"_orig_mod.{name}"], grad) <= 1e-5, name
+    for name, grad in eager[2].items():  # the decompositions reorder float32 sums: q_norm's weight gradient
+        # (entries ~1e-3) came out 1.3e-5 off with the per-parameter init draws; a wrong recomputation is O(1) off
+        assert rel(compiled[2][f"_orig_mod.{name}"], grad) <= 5e-5, name
 
 
 def test_recompute_under_ddp_and_fsdp(tmp_path):
