@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from experiments.monitoring.step_mean import StepMean
+from experiments.monitoring.summary import RunSummary
 
 MICRO, STEPS = 3, 4
 
@@ -67,9 +68,10 @@ def test_the_logged_loss_of_an_accumulated_step_is_the_mean_of_its_micro_batches
     losses (logging the loss itself hands it the 3rd micro-batch's)."""
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(MICRO * STEPS * 2, 4), torch.randn(MICRO * STEPS * 2, 1))
-    module, logger = _Regression(), _Logged()
+    module, logger, summary = _Regression(), _Logged(), RunSummary(log_every_n_steps=1)
     trainer = L.Trainer(
         max_steps=STEPS, accumulate_grad_batches=MICRO, logger=logger, log_every_n_steps=1, accelerator="cpu",
+        callbacks=[summary],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
     )  # fmt: skip
     trainer.fit(module, DataLoader(data, batch_size=2))
@@ -78,3 +80,6 @@ def test_the_logged_loss_of_an_accumulated_step_is_the_mean_of_its_micro_batches
     assert sorted(logger.values) == list(range(STEPS))
     torch.testing.assert_close(torch.tensor([logger.values[s] for s in range(STEPS)]), micro.mean(1))
     assert not torch.allclose(micro.mean(1), micro[:, -1])  # the test tells the mean from the last micro-batch
+    # summary.json's curve: one point per optimizer step (after its last micro-batch), the same step means
+    assert [step for step, _ in summary.train_curve] == list(range(1, STEPS + 1))
+    torch.testing.assert_close(torch.tensor([loss for _, loss in summary.train_curve]), micro.mean(1))
