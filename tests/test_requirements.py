@@ -76,7 +76,7 @@ def test_every_imported_package_is_declared():
 
 
 def test_the_check_catches_a_package_only_present_as_a_dependency(tmp_path):
-    # patsy arrives with statsmodels and is never declared: importing it must be reported, under its module name
+    # patsy (a statsmodels dependency) is never declared: importing it must be reported, under its module name
     planted = tmp_path / "planted.py"
     planted.write_text("def f():\n    import patsy\n    from scipy import stats\n")
     imports = third_party_imports([planted])

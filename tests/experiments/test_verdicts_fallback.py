@@ -2,8 +2,8 @@
 across the slice), including the cells it cannot test: one pair, no spread, no seed shared.
 
 References computed here by other means: scipy's ``ttest_rel``, Holm's step-down written out, TOST by its formula
-(statsmodels' ``ttost_paired``), seeds and detectable differences from statsmodels' ``TTestPower`` (0.14) at the
-fallback's first Holm level, alpha over the slice's cells. Written for the mutants that changed a field no other
+(statsmodels' ``ttost_paired``), seeds and detectable differences from statsmodels' ``TTestPower`` (0.15.0, run
+outside the suite, values hard-coded below) at the fallback's first Holm level, alpha over the slice's cells. Written for the mutants that changed a field no other
 test read (the difference, n, margin, threshold, why of an undecided or decided cell)."""
 
 from __future__ import annotations
@@ -14,12 +14,16 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 from scipy.optimize import brentq
-from statsmodels.stats.power import TTestPower
 
 from experiments.results.verdicts import HOLM, Verdict, analyse, clear_caches
 from tests.experiments.test_verdicts import _slice
 
 SEEDS = tuple(range(1, 9))
+# statsmodels 0.15.0, TTestPower().solve_power(..., power=0.8), on the effect sizes (|mean| / sd of the paired
+# differences) these tests' seeded data give; the tests check that they still give those effect sizes.
+EFFECT_C, PAIRS_C = 0.3269668734674663, 100.810203100149  # effect_size=EFFECT_C, alpha=0.05 / 3 -> nobs
+DETECTABLE_8 = 1.450343041929203  # nobs=8, alpha=0.05 / 3 -> effect_size, in SDs
+EFFECT_TWO, PAIRS_TWO = 0.3030457633656568, 130.5009863696437  # effect_size=EFFECT_TWO, alpha=0.05 / 5 -> nobs
 FIELDS = ("word", "n", "difference", "p", "p_equivalence", "margin", "analysis", "needed", "detectable", "why",
           "threshold", "look")  # fmt: skip
 
@@ -85,9 +89,9 @@ def test_decided_and_undecided_cells_carry_their_own_numbers_only():
     same(result.verdicts["b"], {"word": "equivalent", "difference": diffs["b"].mean(), "p": p[1],
                                 "p_equivalence": q[1], **common})  # fmt: skip
     sd = diffs["c"].std(ddof=1)
-    power = TTestPower()
-    needed = math.ceil(power.solve_power(effect_size=abs(diffs["c"].mean()) / sd, alpha=0.05 / 3, power=0.8))
-    detectable = power.solve_power(nobs=8, alpha=0.05 / 3, power=0.8) * sd
+    assert abs(diffs["c"].mean()) / sd == pytest.approx(EFFECT_C, rel=1e-12)
+    needed, detectable = math.ceil(PAIRS_C), DETECTABLE_8 * sd
+    assert needed == 101
     same(result.verdicts["c"], {"word": "undecided", "difference": diffs["c"].mean(), "p": p[2], "p_equivalence": q[2],
                                 "needed": needed, "detectable": detectable, **common})  # fmt: skip
 
@@ -112,8 +116,9 @@ def test_the_cells_a_paired_test_cannot_judge_say_why():
     same(result.verdicts["one"], {"n": 1, "difference": -0.01, "why": "one pair", **common})
     same(result.verdicts["lone"], {"word": "not comparable", "n": 1, "why": "no seed shared"})
     # the undecided numbers at Holm's first level over the slice's five cells, alpha / 5
-    power, sd = TTestPower(), d_two.std(ddof=1)
-    needed = math.ceil(power.solve_power(effect_size=abs(d_two.mean()) / sd, alpha=0.05 / 5, power=0.8))
+    sd = d_two.std(ddof=1)
+    assert abs(d_two.mean()) / sd == pytest.approx(EFFECT_TWO, rel=1e-12)
+    needed = math.ceil(PAIRS_TWO)
     same(result.verdicts["two"], {"n": 2, "difference": d_two.mean(), "p": p[1], "p_equivalence": q[1],
                                   "needed": needed, "detectable": detectable_by_hand(2, 0.01) * sd,
                                   **common})  # fmt: skip
