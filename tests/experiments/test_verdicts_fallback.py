@@ -3,8 +3,9 @@ across the slice), including the cells it cannot test: one pair, no spread, no s
 
 References computed here by other means: scipy's ``ttest_rel``, Holm's step-down written out, TOST by its formula
 (statsmodels' ``ttost_paired``), seeds and detectable differences from statsmodels' ``TTestPower`` (0.15.0, run
-outside the suite, values hard-coded below) at the fallback's first Holm level, alpha over the slice's cells. Written for the mutants that changed a field no other
-test read (the difference, n, margin, threshold, why of an undecided or decided cell)."""
+outside the suite, values hard-coded below) at the fallback's first Holm level, alpha over the slice's cells.
+Written for the mutants that changed a field no other test read (the difference, n, margin, threshold, why of an
+undecided or decided cell)."""
 
 from __future__ import annotations
 
