@@ -3,8 +3,9 @@
 README's result tables are generated from these copies (:mod:`experiments.results.readme`), so they can be
 rebuilt and checked on a fresh clone that has none of the run directories. What is copied: ``sweep.yaml``
 (the spec, run order and grid), each run's ``summary.json`` (curves and final metrics, a few KB), the
-comparison's tables and PNGs. Never checkpoints or event files. A file over ``MAX_BYTES`` is skipped
-with a note rather than bloating the repository.
+comparison's tables (the speed table ``speed.md`` / ``speed.csv`` too, where runs recorded their speed) and
+PNGs. Never checkpoints or event files. A file over ``MAX_BYTES`` is skipped with a note rather than bloating the
+repository.
 
 An export is never overwritten without ``--overwrite``. Each export records the files it wrote in
 ``.suite-export.json`` inside the directory, which marks it as an export's own; ``--overwrite`` replaces only
@@ -25,12 +26,13 @@ from pathlib import Path
 from experiments.reliability.errors import SuiteError
 from experiments.reliability.layout import RUN_MARKER
 from experiments.results.runs import SUMMARY, load_summaries
+from experiments.results.speed import SPEED_CSV, SPEED_TABLE
 from fileio import InputError, atomic_write_json, output_dir, read_json
 
 MAX_BYTES = 1 << 20  # 1 MiB: a summary is a few KB, a plot a few hundred
 # the sweep's own records go along: a staged sweep's looks, a protocol's picks, the measurement's spread
 TOP_LEVEL = ("sweep.yaml", "comparison.md", "comparison.csv", "comparison_cells.csv", "stages.yaml", "stages.md",
-             "tuning.yaml", "tuning.md", "measurement.md")  # fmt: skip
+             "tuning.yaml", "tuning.md", "measurement.md", SPEED_TABLE, SPEED_CSV)  # fmt: skip
 
 
 MANIFEST = ".suite-export.json"  # {"made_by": "compare --export", "sweep": ..., "files": [relative paths]}

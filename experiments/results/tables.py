@@ -15,6 +15,7 @@ import math
 import statistics
 from pathlib import Path
 
+from experiments.results import speed
 from experiments.results.cells import (
     AXES,
     PRIMARY,
@@ -22,17 +23,19 @@ from experiments.results.cells import (
     Cell,
     CellStats,
     cell_stats,
+    group,
     slice_verdicts,
     varying_axes,
 )
 from experiments.results.equivalence import higher_is_better
+from experiments.results.formatting import fmt, fmt_amount, fmt_estimate, fmt_p
 from experiments.results.reading import Reading
+from experiments.results.runs import load_summaries, sweep_record
 from experiments.results.stats import (
     ALPHA,
     CI_NAME,
     MAX_SEEDS,
     POWER,
-    Estimate,
     PairedComparison,
     Sensitivity,
     sensitivity,
@@ -73,48 +76,6 @@ def routing_metrics(table: list[dict], markdown: bool = False) -> list[str]:
 ##################################################################################
 #                                   Formatting                                   #
 ##################################################################################
-
-
-def fmt(value) -> str:
-    """A table value: 4 significant digits, thousands separators for large integers, ``-`` for none."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}" if math.isfinite(value) else str(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 10000:
-        return f"{value:,}"
-    return str(value)
-
-
-def _decimals(half_width: float) -> int:
-    """Decimals that show two significant digits of the interval's half-width."""
-    if half_width <= 0 or not math.isfinite(half_width):
-        return 4
-    return min(8, max(0, 1 - math.floor(math.log10(half_width))))
-
-
-def fmt_estimate(e: Estimate | None, signed: bool = False) -> str:
-    """``mean ± half-width (n = k)``; one replicate: ``value (n = 1)``; none: ``-``."""
-    if e is None:
-        return "-"
-    sign = "+" if signed else ""
-    if e.half_width is None:
-        return f"{e.mean:{sign}.4g} (n = 1)"
-    d = _decimals(e.half_width)
-    if e.half_width == 0:  # identical replicates: their value, and a zero-width interval
-        return f"{e.mean:{sign}.4g} ± 0 (n = {e.n})"
-    return f"{e.mean:{sign}.{d}f} ± {e.half_width:.{d}f} (n = {e.n})"
-
-
-def fmt_p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return "< 0.001" if p < 0.001 else f"{p:.2g}"
-
-
-def fmt_amount(value: float) -> str:
-    """A positive amount to two significant digits (``0.19``, ``12``, ``140``): a detectable difference."""
-    return f"{value:.0f}" if value >= 100 else f"{value:#.2g}".rstrip(".")
 
 
 def fmt_sensitivity(s: Sensitivity) -> str:
@@ -419,7 +380,7 @@ def _csv_value(column: str, value):
 
 def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
     """The per-run table with every test metric (per-task downstream scores included); the metric's
-    column is named after it."""
+    column is named after it. Beside it, the speed table (:func:`write_speed`)."""
     names = run_table_columns(table, markdown=False, metric=metric)
     fh = io.StringIO(newline="")
     writer = csv.writer(fh)
@@ -428,6 +389,21 @@ def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
         values = {**r, "protocol": r.get("protocol_id")}
         writer.writerow([_csv_value(c, values.get(c)) for c in names])
     atomic_write_text(path, fh.getvalue())  # two comparisons at once: each file is one of them, whole
+    write_speed(path.parent, table)
+
+
+def write_speed(sweep_dir: Path, table: list[dict]) -> list[Path]:
+    """``speed.md`` and ``speed.csv`` of the runs in ``table`` (:mod:`experiments.results.speed`), read from their
+    summaries in ``sweep_dir``, when some run recorded its speed (or an earlier table is there to refresh)."""
+    summaries = load_summaries(sweep_dir, [r["run"] for r in table])
+    paths = [sweep_dir / speed.SPEED_TABLE, sweep_dir / speed.SPEED_CSV]
+    if not speed.any_perf(summaries) and not any(p.exists() for p in paths):
+        return []
+    record = sweep_record(sweep_dir)
+    result = speed.speed_table(group(table), summaries, record.get("baseline"))
+    atomic_write_text(paths[0], speed.speed_markdown(result, record.get("parallel")))
+    atomic_write_text(paths[1], speed.speed_csv(result))
+    return paths
 
 
 def cells_csv(
