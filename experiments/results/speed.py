@@ -94,6 +94,7 @@ class CellSpeed:
         mfu: the mean measured MFU (None: none measured).
         mfu_runs: how many runs measured one.
         device_hours: wall time x devices / 3600, summed over ``runs`` (None: no wall time).
+        wall_runs: how many of ``runs`` recorded a wall time.
         ratio: against the baseline cell (None: no pair, or the baseline itself).
         is_baseline: whether the cell is the baseline scheme's.
     """
@@ -105,6 +106,7 @@ class CellSpeed:
     mfu: float | None
     mfu_runs: int
     device_hours: float | None
+    wall_runs: int
     ratio: Ratio | None
     is_baseline: bool
 
@@ -122,7 +124,10 @@ class CellSpeed:
     def hours_text(self) -> str:
         if not self.runs or self.device_hours is None:
             return "-"
-        return f"{self.device_hours:.3g}" if self.on_gpu else f"{NOT_MEASURED} (cpu)"
+        if not self.on_gpu:
+            return f"{NOT_MEASURED} (cpu)"
+        share = "" if self.wall_runs == len(self.runs) else f" ({self.wall_runs} of {len(self.runs)} runs)"
+        return f"{self.device_hours:.3g}{share}"
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ def speed_table(cells: list[Cell], summaries: dict[str, dict], baseline: str | N
         ratio = log_ratio(_by_seed(runs, unit), _by_seed(per_cell[ref.key], unit)) if ref is not None else None
         out.append(CellSpeed(cell, runs, estimate([r.rate(unit) for r in runs if r.rate(unit) is not None]),
                              max(mems) if mems else None, sum(mfus) / len(mfus) if mfus else None, len(mfus),
-                             sum(walls) / 3600 if walls else None, ratio,
+                             sum(walls) / 3600 if walls else None, len(walls), ratio,
                              baseline is not None and cell.scheme == baseline))  # fmt: skip
     return SpeedTable(out, unit, baseline, skipped, unrecorded)
 

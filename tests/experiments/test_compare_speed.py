@@ -115,6 +115,12 @@ def test_one_pair_is_a_ratio_without_an_interval(tmp_path: Path, capsys):
     assert rows[2][RATIO] == "0.800 (n = 1)" and csv_rows[1]["ratio_ci_low"] == ""
 
 
+def test_gpu_hours_say_when_a_run_recorded_no_wall_time(tmp_path: Path, capsys):
+    runs = [run("pre", 1, 0.01, perf(1000.0, 0.3, 4, H100), wall=None), run("pre", 2, 0.01, perf(1000.0, 0.3, 4, H100))]
+    rows, csv_rows, _ = speed_outputs(write_sweep(tmp_path, runs), capsys)
+    assert rows[1][HOURS] == "1 (1 of 2 runs)"  # 900 s x 4 devices / 3600
+
+
 def test_cpu_runs_say_na_and_runs_without_speed_are_a_dash(tmp_path: Path, capsys):
     runs = [run("pre", s, 0.01, perf(1000.0 + s)) for s in (1, 2)]
     runs += [run("siamese", s, 0.01, None) for s in (1, 2)]  # summaries from before runs recorded their speed
