@@ -25,6 +25,8 @@ SEEDS = tuple(range(1, 9))
 EFFECT_C, PAIRS_C = 0.3269668734674663, 100.810203100149  # effect_size=EFFECT_C, alpha=0.05 / 3 -> nobs
 DETECTABLE_8 = 1.450343041929203  # nobs=8, alpha=0.05 / 3 -> effect_size, in SDs
 EFFECT_TWO, PAIRS_TWO = 0.3030457633656568, 130.5009863696437  # effect_size=EFFECT_TWO, alpha=0.05 / 5 -> nobs
+EFFECT_TINY, PAIRS_TINY = 0.018708286933867713, 34602.20713859752  # effect_size=EFFECT_TINY, alpha=0.05 / 6 -> nobs
+DETECTABLE_8_6 = 1.6495360654915068  # nobs=8, alpha=0.05 / 6 -> effect_size, in SDs
 FIELDS = ("word", "n", "difference", "p", "p_equivalence", "margin", "analysis", "needed", "detectable", "why",
           "threshold", "look")  # fmt: skip
 
@@ -124,3 +126,39 @@ def test_the_cells_a_paired_test_cannot_judge_say_why():
                                   "needed": needed, "detectable": detectable_by_hand(2, 0.01) * sd,
                                   **common})  # fmt: skip
     assert result.verdicts["c"].p == pytest.approx(p[0], rel=1e-9)
+
+
+def test_cells_after_an_unpaired_one_and_undecided_cells_no_seeds_settle():
+    """After a cell with no seed shared, the next cells are still judged; two pairs without spread are "no
+    spread" (not "one pair"); a mean difference of exactly 0 with spread needs "no difference" seeds, a tiny one
+    "more than 1000" (its TTestPower nobs: 34602), each still with its detectable difference at Holm's first level
+    over the slice's six cells. Every level is a look's (0.045, 0.04), not alpha. Exact binary fractions keep the
+    differences exact."""
+    pre = {k: 2.0 + k / 16 for k in SEEDS}
+    data = {"pre": pre, "c": noisy(pre), "lone": {99: 2.0}, "flat2": {1: pre[1] + 0.25, 2: pre[2] + 0.25},
+            "zero": {k: v + (0.25 if k % 2 else -0.25) for k, v in pre.items()},
+            "tiny": {k: v + 0.001 + (0.05 if k % 2 else -0.05) for k, v in pre.items()},
+            "good": {k: v - 0.1 + (0.001 if k % 2 else -0.001) for k, v in pre.items()}}  # fmt: skip
+    result = analyse(data, "pre", "val/loss", 0.02, thresholds=(0.045, 0.04))
+    assert result.analysis == HOLM
+    tested = ("c", "zero", "tiny", "good")
+    diffs = {s: np.array([data[s][k] - pre[k] for k in SEEDS]) for s in tested}
+    p = dict(zip(tested, holm_by_hand([scipy_stats.ttest_rel([data[s][k] for k in SEEDS],
+                                                             [pre[k] for k in SEEDS]).pvalue for s in tested]),
+                 strict=True))  # fmt: skip
+    q = dict(zip(tested, holm_by_hand([tost_by_hand(diffs[s], 0.02) for s in tested]), strict=True))
+    common = {"n": 8, "margin": 0.02, "analysis": HOLM, "threshold": 0.045, "word": "undecided"}
+    assert diffs["zero"].mean() == 0.0 and diffs["zero"].std(ddof=1) > 0
+    same(result.verdicts["zero"], {"difference": 0.0, "p": p["zero"], "p_equivalence": q["zero"],
+                                   "detectable": DETECTABLE_8_6 * diffs["zero"].std(ddof=1), "why": "no difference",
+                                   **common})  # fmt: skip
+    d = diffs["tiny"]
+    assert abs(d.mean()) / d.std(ddof=1) == pytest.approx(EFFECT_TINY, rel=1e-12) and PAIRS_TINY > 1000
+    same(result.verdicts["tiny"], {"difference": d.mean(), "p": p["tiny"], "p_equivalence": q["tiny"],
+                                   "detectable": DETECTABLE_8_6 * d.std(ddof=1), "why": "more than 1000",
+                                   **common})  # fmt: skip
+    same(result.verdicts["flat2"], {**common, "n": 2, "difference": 0.25, "why": "no spread"})
+    same(result.verdicts["good"], {**common, "word": "better", "difference": diffs["good"].mean(), "p": p["good"],
+                                   "p_equivalence": q["good"]})  # fmt: skip
+    same(result.verdicts["lone"], {"word": "not comparable", "n": 1, "why": "no seed shared"})
+    assert result.verdicts["c"].threshold == 0.045 and result.verdicts["c"].needed is not None
