@@ -19,6 +19,7 @@ from pathlib import Path
 
 from experiments.parallel.memory import size
 from experiments.sweeps.cluster import SUBMITIT_DIR, sbatch_script
+from experiments.sweeps.compute_runs import longer_runs, multiples_of, stretch
 from experiments.sweeps.estimate import Estimate, estimate, gpu_memory_of, memory_estimate, run_extra_args
 from experiments.sweeps.protocol import fresh_runs, group_of, picked_rates, read_tuning, tuning_runs
 from experiments.sweeps.spec import Run, SweepSpec, grid, sweep_dir_of
@@ -115,12 +116,35 @@ def planned_runs(spec: SweepSpec) -> tuple[list[Run], str | None]:
         return grid(spec), None
     tuning, record = tuning_runs(spec), read_tuning(spec, sweep_dir_of(spec))
     if record is not None:
-        return tuning + fresh_runs(spec, picked_rates(record)), None
+        fresh = fresh_runs(spec, picked_rates(record))
+        return tuning + fresh + longer_runs(spec, fresh), None
     groups = len({group_of(r, spec) for r in tuning})
     fresh = groups * len(spec.protocol["fresh_seeds"])
     return tuning, (
         f"then: {fresh} fresh runs ({groups} schemes x {len(spec.protocol['fresh_seeds'])} fresh seeds), each at its "
         f"scheme's rate picked from the {len(tuning)} tuning runs above ({len(tuning) // max(groups, 1)} per scheme)"
+    )
+
+
+def _longer_line(spec: SweepSpec, failures: dict[str, list[str]]) -> str | None:
+    """Before the picks: the baseline's longer runs (``compute_multiples``) that will follow, with their compute,
+    estimated on stand-ins at the grid's first rate (the rate does not change a run's compute)."""
+    if not multiples_of(spec) or read_tuning(spec, sweep_dir_of(spec)) is not None:
+        return None
+    seeds = spec.protocol["fresh_seeds"]
+    stand_ins = [m for r in grid(spec) if r.scheme == spec.baseline and r.seed in seeds and r.lr == spec.lrs[0]
+                 for m in stretch(spec, r)]  # fmt: skip
+    ests = [_estimate(spec, run, failures) for run in stand_ins]
+    flops = sum(e.train_flops + (e.test_flops or 0) for e in ests if e.train_flops is not None)
+    hours = [e.gpu_hours for e in ests if e.gpu_hours is not None]
+    first = stand_ins[0]
+    one_seed = stand_ins[: len(multiples_of(spec))]
+    steps = ", ".join(f"{r.max_steps} (x{r.multiple:g}, warmup {r.warmup_steps})" for r in one_seed)
+    cost = f"{flops:.3g} FLOPs, {_fmt_hours(sum(hours))} GPU-hours" if len(hours) == len(ests) else "compute unknown"
+    return (
+        f"then: {len(stand_ins)} longer runs of the baseline {spec.baseline} at its picked rate (compute_multiples: "
+        f"{first.base_steps}-step budget -> {steps} steps, on each of {len(seeds)} fresh seeds), named like "
+        f"{first.name(spec).replace(f'lr{first.lr:g}', 'lr<picked>')}: {cost}"
     )
 
 
@@ -169,6 +193,8 @@ def dry_run(specs: list[SweepSpec], commands: bool = False, memory: bool = True)
         measured = sum(e.mfu_source != "assumed" for e in ests)
         if later:
             out.append(f"  {later}")
+        if longer := _longer_line(spec, failures):
+            out.append(f"  {longer}")
         out.append(
             f"  grid: {len(runs)} runs, {flops:.3g} FLOPs{tested}, {_fmt_hours(hours)} GPU-hours at {c['mfu']:.0%} MFU "
             + (f"({measured} run(s) at their network's measured MFU) " if measured else "")

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from experiments.reliability.errors import SuiteError
+from experiments.sweeps.compute_option import COMPUTE_KEY, parse_compute_multiples, split_protocol
 from experiments.sweeps.options import parse_last_evals, parse_margins, parse_protocol, parse_stages
 from fileio.checks import InputError, number
 from models.schemes import NormScheme
@@ -142,7 +143,8 @@ class SweepSpec:
         compute: the accelerator the estimate assumes (``gpu``, ``peak_tflops``, ``mfu``).
         progress_every_s: seconds between progress lines while runs train.
         protocol: ``kind: tune_then_compare`` with ``lrs``, ``tuning_seeds``, ``fresh_seeds``: every scheme at its
-            own best learning rate (:mod:`experiments.sweeps.protocol`); None: the plain grid.
+            own best learning rate (:mod:`experiments.sweeps.protocol`), and optionally ``compute_multiples``
+            (:mod:`experiments.sweeps.compute_option`); None: the plain grid.
         stages: seeds per cell at each look (the last is ``len(seeds)``): undecided cells get more seeds
             (:mod:`experiments.sweeps.stages`); []: every seed at once.
         last_evals: the metric is the mean of each run's last ``last_evals`` validations
@@ -236,7 +238,10 @@ def _build(raw: dict, where: str, overrides: dict[str, dict]) -> SweepSpec:
     for key in ("name", "configs", "schemes"):
         if key not in raw:
             raise SpecError(f"{key} is missing ({where})")
-    protocol = parse_protocol(raw.get("protocol"), raw, where)
+    rest, multiples = split_protocol(raw.get("protocol"))
+    protocol = parse_protocol(rest, raw, where)
+    if protocol is not None and multiples is not None:  # only when given: a protocol without it is unchanged
+        protocol[COMPUTE_KEY] = parse_compute_multiples(multiples, raw.get("baseline"), where)
     if protocol is not None:  # the grid's rates and seeds are the protocol's; which of them run, it decides
         raw = {**raw, "lrs": protocol["lrs"], "seeds": [*protocol["tuning_seeds"], *protocol["fresh_seeds"]]}
     kwargs: dict[str, Any] = {

@@ -39,6 +39,7 @@ from experiments.results.compare import load_comparison, write_comparison, write
 from experiments.results.runs import SWEEP_RECORD
 from experiments.results.tb_layout import comparison_url
 from experiments.sweeps.cluster import Submission
+from experiments.sweeps.compute_runs import COMPUTE_TABLE, check_budget, longer_runs, write_compute
 from experiments.sweeps.launchers import (  # noqa: F401 - the names the sweep has always offered
     DONE,
     IN_USE,
@@ -176,10 +177,16 @@ def _tensorboard() -> str:
 
 
 def _submitit(
-    spec: SweepSpec, runs: list[Run], sweep_dir: Path, args: argparse.Namespace, compare_after: bool = True
+    spec: SweepSpec,
+    runs: list[Run],
+    sweep_dir: Path,
+    args: argparse.Namespace,
+    compare_after: bool = True,
+    compared: list[Run] | None = None,
 ) -> list[str]:
     """Submits the spec's jobs; with ``--wait`` (always for the local executor) watches and compares them
-    (``compare_after`` false: watches only, for a protocol's tuning phase)."""
+    (``compare_after`` false: watches only, for a protocol's tuning phase; ``compared``: the runs to compare,
+    default ``runs``)."""
     submission = Submission(spec, sweep_dir)
     submission.submit(runs, args.restart)
     if not (args.wait or spec.launcher["cluster"] == "local"):
@@ -212,13 +219,13 @@ def _submitit(
     finally:
         signal.signal(signal.SIGTERM, previous)
     if compare_after:
-        compare(spec, runs, sweep_dir)
+        compare(spec, runs if compared is None else compared, sweep_dir)
     return [s.name for s in run_states(spec, runs, sweep_dir) if s.state == "failed"]
 
 
 def _known_runs(spec: SweepSpec, sweep_dir: Path) -> tuple[list[Run], list[Run]]:
     """(every run the sweep has planned so far, the runs its comparison reads): the grid, or a protocol's tuning
-    runs and, once its rates are picked, the fresh runs."""
+    runs and, once its rates are picked, the fresh runs (and the baseline's longer runs of ``compute_multiples``)."""
     if spec.stages:
         look, runs, launched = stage_plan(spec, read_stages(spec, sweep_dir))
         return launched, launched
@@ -226,15 +233,17 @@ def _known_runs(spec: SweepSpec, sweep_dir: Path) -> tuple[list[Run], list[Run]]
         return grid(spec), grid(spec)
     record = read_tuning(spec, sweep_dir)
     fresh = fresh_runs(spec, picked_rates(record)) if record else []
-    return tuning_runs(spec) + fresh, fresh
+    return tuning_runs(spec) + fresh + longer_runs(spec, fresh), fresh
 
 
 def _record_protocol(spec: SweepSpec, sweep_dir: Path, sweep_file: str) -> list[Run]:
-    """Writes ``sweep.yaml`` for a protocol's runs so far; returns the fresh runs (none before the picks)."""
-    tuning, fresh = _known_runs(spec, sweep_dir)
-    tuning = tuning[: len(tuning) - len(fresh)]
-    entries = [r.record(spec) for r in tuning] + fresh_record(spec, fresh)
-    write_record(spec, tuning + fresh, sweep_dir, sweep_file, compared=fresh, grid_entries=entries)
+    """Writes ``sweep.yaml`` for a protocol's runs so far; returns the fresh runs (none before the picks). The
+    baseline's longer runs (``compute_multiples``) are recorded in its grid, never among the compared runs."""
+    record = read_tuning(spec, sweep_dir)
+    fresh = fresh_runs(spec, picked_rates(record)) if record else []
+    tuning, longer = tuning_runs(spec), longer_runs(spec, fresh)
+    entries = [r.record(spec) for r in tuning] + fresh_record(spec, fresh) + [r.record(spec) for r in longer]
+    write_record(spec, tuning + fresh + longer, sweep_dir, sweep_file, compared=fresh, grid_entries=entries)
     return fresh
 
 
@@ -242,6 +251,13 @@ def _print_tuning(spec: SweepSpec, sweep_dir: Path) -> None:
     if spec.protocol and (record := read_tuning(spec, sweep_dir)) is not None:
         print(tuning_markdown(record), flush=True)
         print(f"{'tuning':>14}: {sweep_dir / TUNING_TABLE}", flush=True)
+
+
+def _print_compute(spec: SweepSpec, sweep_dir: Path, fresh: list[Run]) -> None:
+    """``compute_multiples``: the multipliers, computed from the runs as they stand, written and printed."""
+    if write_compute(spec, sweep_dir, fresh) is not None:
+        print((sweep_dir / COMPUTE_TABLE).read_text(), flush=True)
+        print(f"{'compute':>14}: {sweep_dir / COMPUTE_TABLE}", flush=True)
 
 
 def _print_stages(spec: SweepSpec, sweep_dir: Path) -> None:
@@ -309,11 +325,16 @@ def _tune_then_compare(spec: SweepSpec, sweep_dir: Path, args: argparse.Namespac
             return crashed
         fresh = _record_protocol(spec, sweep_dir, args.sweep_file)
     _print_tuning(spec, sweep_dir)
-    print(f"sweep {spec.name}: {len(fresh)} fresh runs, each scheme at its picked rate", flush=True)
+    longer = longer_runs(spec, fresh)
+    more = f", then {len(longer)} longer runs of the baseline (compute_multiples)" if longer else ""
+    print(f"sweep {spec.name}: {len(fresh)} fresh runs, each scheme at its picked rate{more}", flush=True)
     if spec.submitit:
-        return crashed + _submitit(spec, fresh, sweep_dir, args)
-    statuses = run_locally(spec, fresh, sweep_dir, args.restart)
+        crashed += _submitit(spec, fresh + longer, sweep_dir, args, compared=fresh)
+        _print_compute(spec, sweep_dir, fresh)
+        return crashed
+    statuses = run_locally(spec, fresh + longer, sweep_dir, args.restart)
     compare(spec, fresh, sweep_dir)
+    _print_compute(spec, sweep_dir, fresh)
     return crashed + [name for name, status in statuses.items() if status == "crashed"]
 
 
@@ -335,11 +356,13 @@ def main(argv: list[str] | None = None) -> int | None:
             runs, compared = _known_runs(spec, sweep_dir)
             if args.status:
                 print(status_table(spec, sweep_dir, run_states(spec, runs, sweep_dir)), flush=True)
+                _print_compute(spec, sweep_dir, compared)
             elif spec.protocol and not compared:
                 print(f"sweep {spec.name}: still tuning, no rate picked yet; nothing to compare", flush=True)
             else:
                 compare(spec, compared, sweep_dir, only_done=True)
                 _print_tuning(spec, sweep_dir)
+                _print_compute(spec, sweep_dir, compared)
                 _print_stages(spec, sweep_dir)
         return None
     crashed: list[str] = []
@@ -347,6 +370,7 @@ def main(argv: list[str] | None = None) -> int | None:
         sweep_dir = sweep_dir_of(spec)
         if spec.protocol:
             read_tuning(spec, sweep_dir)  # picks made under another protocol: one line before anything is written
+            check_budget(spec)  # compute_multiples on a budget that is not in steps: likewise
         if spec.stages:
             read_stages(spec, sweep_dir)  # looks recorded under other stages: likewise
         claim_sweep_dir(sweep_dir, spec.name, args.sweep_file)
