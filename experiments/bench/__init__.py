@@ -6,6 +6,7 @@
     python -m experiments bench --task lm --schemes pre,pre:dyt,siamese:dyt   # another norm layer (DyT)
     python -m experiments bench --task moe --size small --schemes pre,siamese,siamese_hybrid  # MoE LM (64 x top-8)
     python -m experiments bench --scaling                        # overhead vs width and depth (scaling.md/png)
+    python -m experiments bench --training-step --task lm --schemes pre,post,siamese   # eager vs compiled training
 
 Method (timings on a shared machine are noisy, so every number is relative and robust):
 
@@ -25,10 +26,19 @@ Method (timings on a shared machine are noisy, so every number is relative and r
 - CPU runs use one intra-op thread by default (``--threads``): on a shared machine a second OpenMP
   thread waits at barriers and multiplies step times several-fold.
 
+``--training-step`` (:mod:`experiments.bench.training_step`) times the training step as ``fit`` takes it instead:
+each scheme's task module (``LanguageModeling``, ...) built as training builds it, once eager and once compiled
+through training's own switch (``parallel.compile``: the task's ``configure_model`` compiles each trunk Block,
+:mod:`experiments.parallel.compile`), every scheme and mode interleaved in one process after untimed warm-up
+rounds (the compilation); the ratio to ``pre`` per mode with a distribution-free interval, and dynamo's graph
+counts as proof that the compiled modules compiled (``training_step.md`` / ``.csv`` / ``.json``, raw times in the
+JSON).
+
 Each SiameseNorm row also gets a line with the paper's overhead claim beside it (-0.5 % throughput and +2 %
 activation memory on a 15B MoE, < 0.1 % parameters; :mod:`experiments.bench.claims`).
 
-Outputs ``bench.md`` and ``bench.csv`` in ``--out`` (default ``runs/bench/<task>-<size>/``).
+Outputs ``bench.md`` and ``bench.csv`` in ``--out`` (default ``runs/bench/<task>-<size>/``; with
+``--training-step`` ``training_step.{md,csv,json}`` in ``runs/bench/training-step-<task>-<size>/``).
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ from experiments.bench.run import (
     build_candidate,
     data_batches_per_s,
     data_row,
+    label_parts,
 )
 from experiments.bench.scaling import (
     SCALING_COLUMNS,
@@ -76,6 +87,21 @@ from experiments.bench.scaling import (
     scaling_targets,
     scaling_workloads,
     write_scaling,
+)
+from experiments.bench.training_report import (
+    TRAINING_COLUMNS,
+    TrainingRow,
+    bench_training_steps,
+    summarize_training,
+    training_markdown,
+    write_training,
+)
+from experiments.bench.training_step import (
+    TrainingCandidate,
+    build_task_module,
+    interval_coverage,
+    measure_training_step,
+    median_interval,
 )
 from experiments.bench.workloads import (
     LM_TASKS,
@@ -114,28 +140,37 @@ __all__ = [
     "SIZES",
     "ScalingRow",
     "TASKS",
+    "TRAINING_COLUMNS",
     "Target",
     "Task",
+    "TrainingCandidate",
+    "TrainingRow",
     "Workload",
     "activation_bytes",
     "alive_after_forward_bytes",
     "bench_scaling",
     "bench_task",
     "bench_tasks",
+    "bench_training_steps",
     "build_candidate",
     "build_ours",
     "build_parser",
+    "build_task_module",
     "claim_lines",
     "data_batches_per_s",
     "data_row",
     "dit_loss",
     "interleave",
+    "interval_coverage",
+    "label_parts",
     "lm_loss",
     "lm_workload",
     "machine_info",
     "main",
     "make_batch",
     "markdown",
+    "measure_training_step",
+    "median_interval",
     "moe_loss",
     "moe_workload",
     "norm_time_share",
@@ -151,8 +186,11 @@ __all__ = [
     "scaling_workloads",
     "step_flops",
     "summarize",
+    "summarize_training",
     "targets",
+    "training_markdown",
     "vit_loss",
     "write_report",
     "write_scaling",
+    "write_training",
 ]

@@ -18,6 +18,8 @@ from experiments.bench.measure import Options
 from experiments.bench.report import Row, machine_info, write_report
 from experiments.bench.run import RECOMPUTE_LABELS, RunSpec, bench_tasks
 from experiments.bench.scaling import ScalingRow, bench_scaling, scaling_workloads, write_scaling
+from experiments.bench.training_report import TrainingRow, bench_training_steps, write_training
+from experiments.bench.training_step import BACKENDS
 from experiments.bench.workloads import SIZES, TASKS, Workload
 from experiments.reliability.errors import ArgumentParser, UsageExit
 from fileio.checks import InputError, number, output_dir
@@ -89,6 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--width-depth", default=2)
     scaling.add_argument("--depth-width", default=256)
     scaling.add_argument("--scaling-batch", default="8x128", help="sequences x tokens per step")
+    training = p.add_argument_group(
+        "compiled training step (--training-step: every scheme's task module eager and compiled as fit compiles it)"
+    )
+    training.add_argument(
+        "--training-step", action="store_true", help="time the training step eager and compiled instead of the tables"
+    )
+    training.add_argument(
+        "--compile-backend", choices=list(BACKENDS), default="inductor",
+        help="parallel.compile_backend of the compiled modules (default inductor, what training uses)",
+    )  # fmt: skip
     p.add_argument("--seed", default=0, help="seed of every network's init and batch (0 to 2^63 - 1)")
     p.add_argument("--out", default=None, help="output directory (default runs/bench/<task>-<size>, or scaling)")
     return p
@@ -161,7 +173,14 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    args.out = args.out or ("runs/bench/scaling" if args.scaling else f"runs/bench/{args.task}-{args.size}")
+    default_out = "scaling" if args.scaling else f"{args.task}-{args.size}"
+    args.out = args.out or f"runs/bench/{'training-step-' if args.training_step else ''}{default_out}"
+    if args.training_step and (args.scaling or args.compile):
+        other = "--scaling" if args.scaling else "--compile"
+        raise UsageExit(
+            f"--training-step with {other}: --training-step times every scheme eager and compiled itself; "
+            "valid: one of --training-step, --scaling, or the tables (with or without --compile)"
+        )
     try:
         check_numbers(args)
         check_paths(args)
@@ -190,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     workloads = [SIZES[args.size][task] for task in tasks]
     if args.batch_size:
         workloads = [Workload(w.task, w.trunk, w.net, args.batch_size) for w in workloads]
+    if args.training_step:
+        return training_main(args, workloads, spec, opts, header)
     rows, notes = bench_tasks(workloads, args.size, spec, opts, header)
     header["load average after (1, 5, 15 min)"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     claims = claim_lines(rows, paper_overhead())
@@ -217,4 +238,24 @@ def scaling_main(args: argparse.Namespace, spec: RunSpec, opts: Options, header:
     text = write_scaling(Path(args.out), rows, header)
     print(text)
     print(f"wrote {Path(args.out) / 'scaling.md'}, scaling.csv and scaling.png")
+    return rows
+
+
+def training_main(
+    args: argparse.Namespace, workloads: Sequence[Workload], spec: RunSpec, opts: Options, header: dict[str, str]
+) -> list[TrainingRow]:
+    """``--training-step``: :mod:`experiments.bench.training_step` for each workload, written by
+    :func:`~experiments.bench.training_report.write_training`."""
+    header["settings"] = (
+        f"{args.steps} measured rounds after {args.warmup} warm-up rounds (compilation), every scheme eager and "
+        f"compiled interleaved in one process; compile: parallel.compile (each trunk Block, "
+        f"experiments.parallel.compile.compile_blocks), backend {args.compile_backend}; bf16 "
+        f"{'on' if args.bf16 else 'off'}, checkpointing {'on' if args.checkpointing else 'off'}, recompute_norms "
+        f"{args.recompute_norms}; step: training_step, backward, AdamW, schedule, zero_grad, on_train_batch_end"
+    )
+    rows, records = bench_training_steps(workloads, args.size, spec, opts, args.compile_backend, header)
+    header["load average after (1, 5, 15 min)"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    text = write_training(Path(args.out), rows, header, records)
+    print(text)
+    print(f"wrote {Path(args.out) / 'training_step.md'}, training_step.csv and training_step.json")
     return rows

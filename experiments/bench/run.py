@@ -40,16 +40,22 @@ class RunSpec:
 RECOMPUTE_LABELS: dict[str, bool | str] = {"on": True, "off": False, "auto": "auto"}
 
 
-def build_candidate(w: Workload, label: str, spec: RunSpec, opts: Options) -> Candidate:
-    """Our network for a scheme label: ``scheme[:norm_layer][@on|@off|@auto][#k]`` (the norm layer instead of the
-    workload's; recompute_norms; a repeat index)."""
+def label_parts(label: str, recompute_norms: bool | str = "auto") -> tuple[str, dict]:
+    """A scheme label ``scheme[:norm_layer][@on|@off|@auto][#k]`` as the scheme and its ``TrunkConfig`` overrides
+    (the norm layer instead of the workload's; ``recompute_norms``, ``recompute_norms`` when no suffix names it);
+    the repeat index ``#k`` only tells two candidates apart."""
     base, _, recompute = label.split("#")[0].partition("@")
     scheme, _, layer = base.partition(":")
-    rc = RECOMPUTE_LABELS[recompute] if recompute else spec.recompute_norms
-    overrides = {"norm_layer": layer} if layer else {}
+    overrides = {"recompute_norms": RECOMPUTE_LABELS[recompute] if recompute else recompute_norms}
+    return scheme, overrides | ({"norm_layer": layer} if layer else {})
+
+
+def build_candidate(w: Workload, label: str, spec: RunSpec, opts: Options) -> Candidate:
+    """Our network for a scheme label (:func:`label_parts`)."""
+    scheme, overrides = label_parts(label, spec.recompute_norms)
     torch.manual_seed(spec.seed)  # same draws wherever two schemes share a structure
     with opts.device:  # built in place: no host-side init of large models
-        model = build_ours(w, scheme, activation_checkpointing=opts.checkpointing, recompute_norms=rc, **overrides)
+        model = build_ours(w, scheme, activation_checkpointing=opts.checkpointing, **overrides)
     return Candidate(label, model, OUR_LOSS[w.task], make_batch(w, opts.device, spec.seed), opts)
 
 

@@ -26,6 +26,7 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(bench_cli, "bench_scaling", measured)
     monkeypatch.setattr(bench_cli, "bench_tasks", measured)
+    monkeypatch.setattr(bench_cli, "bench_training_steps", measured)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +38,10 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
      (["--device", "nope"], "--device 'nope' is not a device torch knows (command line); valid: cpu"),
      (["--device", "cuda:7", "--out", "{tmp}/out"], "--device 'cuda:7': this machine has"),
      (["--steps", "nan", "--out", "{tmp}/out"], "--steps='nan' is not a finite number (command line)"),
-     (["--seed", "99999999999999999999"], "--seed='99999999999999999999' must be >= 0 and <= 9223372036854775807")],
+     (["--seed", "99999999999999999999"], "--seed='99999999999999999999' must be >= 0 and <= 9223372036854775807"),
+     (["--training-step", "--compile", "--out", "{tmp}/out"], "--training-step with --compile: --training-step times"),
+     (["--training-step", "--steps", "0", "--out", "{tmp}/o"], "--steps='0' must be >= 1 and <= 10000 (command line)"),
+     (["--training-step", "--out", "{file}"], "--out {file} is a file, not a directory")],
 )  # fmt: skip
 def test_a_bad_output_device_or_number_is_refused_before_measuring(args, says, tmp_path, capsys, no_measuring):
     file = tmp_path / "report"
