@@ -59,6 +59,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_hand_out_order)
 
 
+# Every test of this module is in the PROCESSES group (its pytestmark): its ids must carry "@processes".
+_GROUPED_MODULE = "tests/experiments/test_parallel.py::"
+
+
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """The groups above only hold if pytest-xdist really put each test's group into its id (``id@group``): it
+    writes a private attribute of pytest's Node, which pytest 9.2 renamed, and then every group is silently
+    ignored (each test handed out alone: module fixtures built on every worker, busy-process tests side by side).
+    The run stops at once instead (requirements.txt pins a pytest and pytest-xdist that work together)."""
+    lost = [i for i in ids if i.startswith(_GROUPED_MODULE) and "@" not in i]
+    if lost and node.config.getvalue("dist") == "loadgroup":
+        raise pytest.UsageError(
+            f"pytest-xdist's --dist loadgroup dropped the xdist_group of {lost[0]} (pytest {pytest.__version__}): "
+            "install requirements.txt's pytest and pytest-xdist"
+        )
+
+
 def _hand_out_order(item: pytest.Item) -> int:
     """0 for the PROCESSES group, 1 for a slow test, 2 for one sharing a module fixture, 3 for the rest."""
     group = item.get_closest_marker("xdist_group")
