@@ -1,4 +1,5 @@
-"""One-shot GPU check (one command, about 8 minutes on one H200): writes ``gpu_check.md``.
+"""One-shot GPU check (one command on one H200: about 8 minutes, plus the compiled training step's compilation of
+six schemes): writes ``gpu_check.md``.
 
     python scripts/gpu_check.py                       # everything, bf16 + torch.compile + SDPA flash
     python scripts/gpu_check.py --sections lm,loss    # a subset
@@ -12,6 +13,13 @@ start after the budget is spent):
    50304-token head, seq 2048): step time, tokens/s and MFU of pre, siamese and siamese_hybrid, the
    SiameseNorm ones with and without recomputed norms (``@on`` / ``@off``), interleaved as in
    ``python -m experiments bench`` (whose method this is: :mod:`experiments.bench`).
+   ``train-compiled``: the training step as ``fit`` takes it (``python -m experiments bench --training-step``,
+   :mod:`experiments.bench.training_step`): pre, post, deepnorm, hybrid, siamese and siamese_hybrid as the LM task
+   builds them at the slice's shape with activation checkpointing (as ``configs/lm/olmo-1b.yaml`` trains), each
+   eager and with training's compile path (``parallel.compile``: each Block compiled by inductor), interleaved in
+   one process; median step time, its quartiles and the ratio to pre with its interval, eager and compiled side by
+   side (also written as ``training_step.md`` / ``.csv`` / ``.json``). The CPU smoke run times pre and siamese at
+   micro shapes under ``aot_eager``.
 2. ``loss``: 200 real steps of ``configs/lm/tiny.yaml`` through ``python -m experiments fit``, bf16 on the
    GPU and fp32 on the CPU: the two training-loss curves agree within bf16 tolerance.
 3. ``fsdp``: the LM slice under the suite's FSDP2 path on one GPU (``experiments.parallel.parallelize``: a unit
@@ -69,12 +77,14 @@ from experiments.bench import (  # noqa: E402
 )
 from scripts.gpu_bench import paper_workloads, peak_tflops  # noqa: E402
 
-SECTIONS = ("lm", "loss", "fsdp", "fsdp2-fit", "bf16-params", "moe", "diag", "meta-init", "images")
+SECTIONS = ("lm", "train-compiled", "loss", "fsdp", "fsdp2-fit", "bf16-params", "moe", "diag", "meta-init", "images")
 # The tiny LM shrunk for --cpu-smoke runs of `experiments fit` (the loss and fsdp2-fit sections)
 TINY_LM_SMOKE = ["--model.init_args.trunk.dim=32", "--model.init_args.trunk.num_heads=2",
                  "--model.init_args.trunk.mlp_hidden=64", "--data.init_args.seq_len=32",
                  "--data.init_args.batch_size=8", "--data.init_args.eval_samples=16"]  # fmt: skip
 LM_SCHEMES = ("pre", "siamese@on", "siamese@off", "siamese_hybrid@on", "siamese_hybrid@off")
+TRAIN_SCHEMES = ("pre", "post", "deepnorm", "hybrid", "siamese", "siamese_hybrid")  # the compiled training step
+TRAIN_SCHEMES_SMOKE = ("pre", "siamese")
 LOSS_RTOL = 0.03  # bf16 vs fp32 training loss, averaged over windows of 20 steps
 
 
@@ -88,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss-steps", type=int, default=None, help="training steps of the tiny LM (200; smoke 10)")
     p.add_argument("--no-compile", action="store_true", help="eager instead of torch.compile")
     p.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s (default: by device name)")
-    p.add_argument("--budget-s", type=float, default=450.0, help="no section starts after this many seconds")
+    p.add_argument("--budget-s", type=float, default=750.0, help="no section starts after this many seconds")
     p.add_argument("--cpu-smoke", action="store_true", help="micro shapes on the CPU (also used without CUDA)")
     p.add_argument("--out", default="runs/gpu_check", help="output directory (gpu_check.md and runs)")
     return p
@@ -103,6 +113,32 @@ def lm_section(w: Workload, size: str, opts: Options, args, peak: float) -> tupl
     spec = RunSpec(LM_SCHEMES, args.steps, args.warmup, reference=False, peak_tflops=peak)
     with _flash(opts):
         return bench_task(w, size, spec, opts)
+
+
+def train_compiled_section(
+    w: Workload, size: str, opts: Options, args, out: Path, smoke: bool, header: dict[str, str]
+) -> tuple[list[str], list[Target]]:
+    """Every scheme's training step eager and compiled as training compiles it (:mod:`experiments.bench.training_step`),
+    checkpointed as the paper config trains; the report's table and lines, training_step.{md,csv,json} in ``out``."""
+    from experiments.bench.training_report import bench_training_steps, training_markdown, write_training
+
+    schemes = TRAIN_SCHEMES_SMOKE if smoke else TRAIN_SCHEMES
+    spec = RunSpec(schemes, args.steps, max(args.warmup, 1), reference=False)
+    train_opts = Options(opts.device, bf16=opts.bf16, checkpointing=True)
+    backend = "aot_eager" if smoke else "inductor"
+    header = {**header, "section": "train-compiled"}  # gpu_check's command line and machine
+    with _flash(opts):
+        rows, records = bench_training_steps([w], size, spec, train_opts, backend, header)
+    write_training(out, rows, header, records)
+    text = training_markdown(rows, {}).split("\n", 1)[1].strip()  # without the title; its headings one level down
+    table = [f"#{line}" if line.startswith("## ") else line for line in text.splitlines()]
+    problems = sum(not r.compiled or r.graphs == 0 or r.timed_graphs > 0 for r in rows if r.mode == "compiled")
+    problems += sum(r.graphs > 0 for r in rows if r.mode == "eager")
+    lines = [f"- {len(schemes)} schemes x eager, compiled ({backend}), activation checkpointing, bf16 "
+             f"{'on' if opts.bf16 else 'off'}; {args.steps} rounds after {spec.warmup}; also in "
+             f"{out / 'training_step.md'}", "", *table]  # fmt: skip
+    what = "train-compiled: compiled modules without a graph or recompiling while timed, eager ones compiling"
+    return lines, [Target(what, problems, 0)]
 
 
 def images_section(
@@ -189,13 +225,16 @@ def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Targ
         common += TINY_LM_SMOKE
     fsdp2 = ["-c", str(ROOT / "configs/trainer/fsdp2.yaml"), "--trainer.strategy.data_parallel_size=1"]
     env = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    curves = {}
+    curves, whole = {}, {}
+    no_final = "--final_validation.enabled=false"  # the whole-split pass (809 batches in the smoke run): once only
     for name, extra in (("plain", []), ("fsdp2", fsdp2)):
         runs = out / f"fsdp2-{name}"
-        experiments_main([*common, *extra, f"--runs_root={runs}", "--trainer.max_steps=10"])
-        experiments_main([*common, *extra, f"--runs_root={runs}", "--trainer.max_steps=20", "--ckpt_path=last"])
+        experiments_main([*common, *extra, f"--runs_root={runs}", "--trainer.max_steps=10", no_final])
+        last = [] if name == "fsdp2" else [no_final]  # the whole split validated under FSDP2, after the resume
+        experiments_main([*common, *extra, f"--runs_root={runs}", "--trainer.max_steps=20", "--ckpt_path=last", *last])
         summary = json.loads(next(runs.glob("lm/*/run/summary.json")).read_text())
         curves[name] = [loss for _, loss in summary["train_curve"]]
+        whole[name] = summary.get("whole_split_val_protocol", {}).get("batches_per_rank")
     import torch.distributed as dist
 
     if dist.is_initialized():  # ModelParallelStrategy on one device leaves its one-rank group (and variables)
@@ -208,6 +247,7 @@ def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Targ
         f"- 10 steps, saved, resumed to 20; final loss plain {curves['plain'][-1]:.4f}, "
         f"FSDP2 {curves['fsdp2'][-1]:.4f}",
         f"- the FSDP2 run's last.ckpt is {'a folder of shards' if sharded.is_dir() else 'a file'}",
+        f"- the whole validation split after the FSDP2 resume: {whole['fsdp2']} batches",
     ]
     return lines, [Target("fsdp2 fit: max relative loss gap to the default strategy, 20 steps", worst, LOSS_RTOL)]
 
@@ -424,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         report["targets"] += result[1]
 
     runners["lm"] = lambda: tables(*lm_section(lm, size, opts, args, peak))
+    runners["train-compiled"] = lambda: parts(
+        "Compiled training step (every scheme, eager and compiled)",
+        train_compiled_section(lm, size, opts, args, out, smoke, header),
+    )
     runners["images"] = lambda: tables(*images_section(images, size, opts, args, peak))
     runners["fsdp"] = lambda: parts("FSDP2 on one device (siamese LM slice)", fsdp_section(lm, opts, args, out))
     runners["fsdp2-fit"] = lambda: parts(

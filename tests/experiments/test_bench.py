@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib.util
+import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -326,12 +328,21 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path: Path):
     assert names[5:] == ["timm VisionTransformer", "ours (pre)", "diffusers DiTTransformer2DModel", "ours (pre)"]
     checks = {t.what.split(":")[0]: t for t in report["targets"]}
     assert set(checks) == {"fsdp", "fsdp2 fit", "loss", "bf16 params (hyper)", "bf16 params (siamese)", "moe", "diag",
-                           "meta init"}  # fmt: skip
+                           "meta init", "train-compiled"}  # fmt: skip
+    assert checks["train-compiled"].value == 0  # every compiled module compiled, no eager one did
     assert checks["meta init"].value == 0  # the same bits: built on meta and filled, or built in full
     assert all(t.met for t in checks.values())
     assert 0 < checks["loss"].value < gpu_check.LOSS_RTOL  # bf16 against fp32: close, not identical
     text = (tmp_path / "gpu_check.md").read_text()
-    for heading in ("# GPU check", "## FSDP2 on one device", "## fit / resume under configs/trainer/fsdp2.yaml",
+    trained = json.loads((tmp_path / "training_step.json").read_text())  # bench --training-step's own record
+    assert [(c["scheme"], c["mode"]) for c in trained["runs"][0]["candidates"]] == [
+        (s, m) for s in gpu_check.TRAIN_SCHEMES_SMOKE for m in ("eager", "compiled")
+    ]
+    assert all(sum(c["graphs_per_step"]) > 0 for c in trained["runs"][0]["candidates"] if c["mode"] == "compiled")
+    assert "compiled (aot_eager), activation checkpointing" in text and "| siamese | " in text
+    assert re.search(r"whole validation split after the FSDP2 resume: [1-9]\d* batches", text)
+    for heading in ("# GPU check", "## Compiled training step (every scheme, eager and compiled)",
+                    "## FSDP2 on one device", "## fit / resume under configs/trainer/fsdp2.yaml",
                     "## 4 real steps of the tiny LM", "## bf16 parameters under FSDP2", "## MoE under bf16-mixed",
                     "## Diagnostics under FSDP2", "## Meta-device init", "## Checks"):  # fmt: skip
         assert heading in text
