@@ -148,7 +148,7 @@ def _final(summaries: dict, rows: dict, name: str, metric: str, whole: bool) -> 
         return None, f"{PENDING}: {name} {status if status != 'missing' else 'not started'}"
     value = validation_of(summaries[name], whole).get(metric) if status == "finished" else None
     if not isinstance(value, int | float) or not math.isfinite(value):
-        return None, f"{name} {status} without a final {metric}"
+        return None, f"{name} {status}: no usable final {metric}"
     return float(value), ""
 
 

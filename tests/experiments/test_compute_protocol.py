@@ -136,6 +136,9 @@ def test_longer_baseline_runs_and_each_better_schemes_multiplier(tmp_path, monke
     assert [s["multiplier"] is None for s in siamese["seeds"]] == [False, True, False]
     assert siamese["seeds"][1]["note"] == "pending: pre-lr0.01-s2-x1.5 not started"
     assert "| siamese | better | pending: pending: pre-lr0.01-s2-x1.5 not started |" in status
+    suite_main(["sweep", str(path), "--collect"])  # --collect prints (and rewrites) it too
+    assert "| siamese | better | pending: pending: pre-lr0.01-s2-x1.5 not started |" in capsys.readouterr().out
+    assert len(calls) == 36
 
 
 @pytest.mark.usefixtures("quiet_plots")
