@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from experiments.reliability.errors import ArgumentParser, SuiteError
-from experiments.results import plots, tables
+from experiments.results import plots, speed, tables
 from experiments.results.cells import PRIMARY, Cell, assign_protocols, cell_key, group, run_coordinates
 from experiments.results.export import check_target, export
 from experiments.results.measurement import MEASUREMENT_TABLE, spread_markdown, with_last_evals
@@ -202,6 +202,12 @@ def write_tables(sweep_dir: Path, comparison: Comparison) -> dict[str, Path]:
     if comparison.reading.last_evals > 1:  # the seed spread beside the measurement's own
         out["measurement"] = sweep_dir / MEASUREMENT_TABLE
         atomic_write_text(out["measurement"], spread_markdown(comparison, comparison.reading.last_evals))
+    # the speed table when some run recorded its speed (or an earlier table is there to refresh)
+    if speed.any_perf(comparison.summaries) or (sweep_dir / speed.SPEED_TABLE).exists():
+        result = speed.speed_table(comparison.cells, comparison.summaries, comparison.baseline)
+        out["speed"], out["speed_csv"] = sweep_dir / speed.SPEED_TABLE, sweep_dir / speed.SPEED_CSV
+        atomic_write_text(out["speed"], speed.speed_markdown(result, comparison.record.get("parallel")))
+        atomic_write_text(out["speed_csv"], speed.speed_csv(result))
     return out
 
 

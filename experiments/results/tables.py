@@ -15,7 +15,6 @@ import math
 import statistics
 from pathlib import Path
 
-from experiments.results import speed
 from experiments.results.cells import (
     AXES,
     PRIMARY,
@@ -23,14 +22,12 @@ from experiments.results.cells import (
     Cell,
     CellStats,
     cell_stats,
-    group,
     slice_verdicts,
     varying_axes,
 )
 from experiments.results.equivalence import higher_is_better
 from experiments.results.formatting import fmt, fmt_amount, fmt_estimate, fmt_p
 from experiments.results.reading import Reading
-from experiments.results.runs import load_summaries, sweep_record
 from experiments.results.stats import (
     ALPHA,
     CI_NAME,
@@ -380,7 +377,7 @@ def _csv_value(column: str, value):
 
 def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
     """The per-run table with every test metric (per-task downstream scores included); the metric's
-    column is named after it. Beside it, the speed table (:func:`write_speed`)."""
+    column is named after it."""
     names = run_table_columns(table, markdown=False, metric=metric)
     fh = io.StringIO(newline="")
     writer = csv.writer(fh)
@@ -389,21 +386,6 @@ def write_runs_csv(path: Path, table: list[dict], metric: str) -> None:
         values = {**r, "protocol": r.get("protocol_id")}
         writer.writerow([_csv_value(c, values.get(c)) for c in names])
     atomic_write_text(path, fh.getvalue())  # two comparisons at once: each file is one of them, whole
-    write_speed(path.parent, table)
-
-
-def write_speed(sweep_dir: Path, table: list[dict]) -> list[Path]:
-    """``speed.md`` and ``speed.csv`` of the runs in ``table`` (:mod:`experiments.results.speed`), read from their
-    summaries in ``sweep_dir``, when some run recorded its speed (or an earlier table is there to refresh)."""
-    summaries = load_summaries(sweep_dir, [r["run"] for r in table])
-    paths = [sweep_dir / speed.SPEED_TABLE, sweep_dir / speed.SPEED_CSV]
-    if not speed.any_perf(summaries) and not any(p.exists() for p in paths):
-        return []
-    record = sweep_record(sweep_dir)
-    result = speed.speed_table(group(table), summaries, record.get("baseline"))
-    atomic_write_text(paths[0], speed.speed_markdown(result, record.get("parallel")))
-    atomic_write_text(paths[1], speed.speed_csv(result))
-    return paths
 
 
 def cells_csv(
