@@ -30,9 +30,11 @@ from experiments.results.speed import SPEED_CSV, SPEED_TABLE
 from fileio import InputError, atomic_write_json, output_dir, read_json
 
 MAX_BYTES = 1 << 20  # 1 MiB: a summary is a few KB, a plot a few hundred
-# the sweep's own records go along: a staged sweep's looks, a protocol's picks, the measurement's spread
+# the sweep's own records go along: a staged sweep's looks, a protocol's picks and compute multipliers, the
+# measurement's spread, the speed table
 TOP_LEVEL = ("sweep.yaml", "comparison.md", "comparison.csv", "comparison_cells.csv", "stages.yaml", "stages.md",
-             "tuning.yaml", "tuning.md", "measurement.md", SPEED_TABLE, SPEED_CSV)  # fmt: skip
+             "tuning.yaml", "tuning.md", "compute.yaml", "compute.md", "measurement.md",
+             SPEED_TABLE, SPEED_CSV)  # fmt: skip
 
 
 MANIFEST = ".suite-export.json"  # {"made_by": "compare --export", "sweep": ..., "files": [relative paths]}

@@ -8,6 +8,8 @@
     ownership.py  which directories a sweep may create or delete
     options.py    the sweep file's protocol / stages / last_evals options, checked before any run
     protocol.py   tune_then_compare: each scheme's best rate on tuning seeds, then fresh seeds at that rate
+    compute_option.py, compute_runs.py  protocol.compute_multiples: the baseline's longer runs, each better
+                  scheme's effective-compute multiplier with its interval over seeds
     stages.py     seeds in stages: only undecided cells continue, each look at its O'Brien-Fleming level
     measure.py    a run's metric as the mean of its last k validations, and that mean's own spread
 

@@ -29,7 +29,7 @@ from experiments.results.records import read_record  # noqa: F401 - the sweep's 
 from fileio.checks import InputError, number
 
 PROTOCOL_KINDS = ("tune_then_compare",)
-PROTOCOL_KEYS = ("kind", "lrs", "tuning_seeds", "fresh_seeds", "initial_loss")
+PROTOCOL_KEYS = ("kind", "lrs", "tuning_seeds", "fresh_seeds", "initial_loss", "compute_multiples")
 SPACING_TOLERANCE = 1.5  # the largest step of the rate grid over its smallest (a log-spaced grid: 1)
 
 
