@@ -138,13 +138,22 @@ def grouped_matmul(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
 
     One grouped kernel (``torch._grouped_mm``, offsets from the counts: no host sync) where torch has one for the
     tensors (its rows must be 16-byte aligned; bfloat16 everywhere, float32 on CPU only: CUDA's kernel refuses it);
-    else every expert's rows padded to the busiest expert's count and one batched matmul (which needs the count on
-    the host). Under autocast both run in autocast's dtype (:func:`matmul_dtype`).
+    else every expert's rows padded to a common capacity and one batched matmul. Eagerly (and on meta / fake
+    tensors, whose read the memory estimate answers) the capacity is the busiest expert's count, read on the host.
+    Under ``torch.compile`` it is the number of rows T, a static upper bound: no host sync and no data-dependent
+    size, so the function traces into one graph, also inside a compiled activation-checkpointing region (which
+    cannot hold a graph break). Its cost: the padded input ``(E, T, D)`` and output ``(E, T, F)`` hold E times the
+    rows of ``x`` (eagerly ``E * max count``, about T rows for a balanced load), and the batched matmul does E times
+    the FLOPs. Only float32 under compile pays it (bfloat16, autocast's dtype on a GPU, takes the grouped kernel).
+    Each row's value is the same either way (the padding is zero rows). Under autocast both run in autocast's dtype
+    (:func:`matmul_dtype`).
     """
     x = x.to(matmul_dtype(x))
     aligned = all(size * x.element_size() % 16 == 0 for size in (w.shape[-2], w.shape[-1])) and x.shape[0] > 0
-    # float32 has a CPU kernel but no CUDA, meta or fake one (torch.compile, the memory estimate): bfloat16 has all
-    traced = x.device.type == "meta" or is_fake(x) or torch.compiler.is_compiling()
+    # float32 has a CPU kernel but no CUDA, meta or fake one (torch.compile, the memory estimate): bfloat16 has all.
+    # is_compiling() first: dynamo does not trace is_fake (a graph break, and a compiled checkpoint falls back to eager)
+    compiling = torch.compiler.is_compiling()
+    traced = compiling or x.device.type == "meta" or is_fake(x)
     cpu32 = x.dtype == torch.float32 and x.device.type == "cpu" and not traced
     if aligned and (x.dtype == torch.bfloat16 or cpu32):
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
@@ -152,7 +161,8 @@ def grouped_matmul(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
     starts = torch.cumsum(counts, 0) - counts
     expert = torch.repeat_interleave(torch.arange(counts.numel(), device=x.device), counts, output_size=x.shape[0])
     slot = torch.arange(x.shape[0], device=x.device) - starts[expert]  # position within its expert's rows
-    buf = x.new_zeros(counts.numel(), int(counts.max()) if x.shape[0] else 0, x.shape[-1])  # (E, C, D)
+    capacity = x.shape[0] if compiling else int(counts.max()) if x.shape[0] else 0
+    buf = x.new_zeros(counts.numel(), capacity, x.shape[-1])  # (E, C, D)
     buf[expert, slot] = x
     return torch.bmm(buf, w.to(x.dtype))[expert, slot]
 
