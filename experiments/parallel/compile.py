@@ -13,10 +13,14 @@ module's hooks, which dynamo skips for FSDP2's; here they run eagerly around the
 thing): parameter names, state dicts and checkpoints are the eager ones (no ``_orig_mod.`` prefix). The Blocks
 repeat one structure, so they share the compiled code where their constants agree (dynamo guards on shapes and
 on Python constants such as a scheme's per-layer scale, not on the module). Graph breaks are allowed (torchtitan asks
-for ``fullgraph``): in an MoE Block the experts' grouped matmuls and the expert-parallel exchange around them
-(``GroupedExperts`` and its all-to-all hooks) run eagerly between compiled regions. Their row counts are data:
-compiled, each step's counts recompiled the graph with dynamic shapes (pytorch/pytorch#166926 is what that does
-to a recomputation); the grouped matmul is one kernel already, so compiling it fuses nothing.
+for ``fullgraph``): in an MoE Block whose experts are split over ranks, the experts' grouped matmuls and the
+expert-parallel exchange around them (``GroupedExperts`` and its all-to-all hooks) run eagerly between compiled
+regions. Their row counts are data: compiled, each step's counts recompiled the graph with dynamic shapes
+(pytorch/pytorch#166926 is what that does to a recomputation); the grouped matmul is one kernel already, so
+compiling it fuses nothing. Under activation checkpointing that break lies inside the compiled checkpoint, which
+cannot hold one: such Blocks run eagerly as a whole (torchtitan's open "TODO: Fix Compile(AC(graph break))"), and
+:func:`compile_blocks` warns. Experts not split are traced with the Block (``models.layers.moe.grouped_matmul``
+needs no host read under compile).
 ``capture_scalar_outputs`` is on, as torchtitan sets it for token-choice MoE dispatch.
 
 Under ``ModelParallelStrategy`` :func:`~experiments.parallel.shard.parallelize` calls :func:`compile_blocks` between
@@ -30,6 +34,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -61,11 +66,16 @@ def compile_blocks(trunk: nn.Module, config: ParallelConfig) -> bool:
     if not config.compile or getattr(trunk, COMPILED, False):
         return False
     torch._dynamo.config.capture_scalar_outputs = True  # the MoE's data-dependent token counts (torchtitan's setting)
-    for experts in (m for m in trunk.modules() if isinstance(m, GroupedExperts)):
-        if isinstance(experts.w_in, DTensor):  # split over ranks: the exchange's split sizes are read on the host
-            experts.forward = torch.compiler.disable(experts.forward)
+    split = [m for m in trunk.modules() if isinstance(m, GroupedExperts) and isinstance(m.w_in, DTensor)]
+    for experts in split:  # split over ranks: the exchange's split sizes are read on the host
+        experts.forward = torch.compiler.disable(experts.forward)
     cfg = getattr(trunk, "cfg", None)
     checkpointing = bool(getattr(cfg, "activation_checkpointing", False))
+    if split and checkpointing:
+        rank_zero_warn(
+            "parallel.compile with expert parallelism and activation checkpointing: the MoE Blocks run eagerly (the "
+            "expert exchange is a graph break inside the compiled checkpoint, which cannot hold one)"
+        )
     if checkpointing:
         trunk.cfg = dataclasses.replace(cfg, activation_checkpointing=False)  # the Blocks recompute themselves
     for block in trunk.blocks:

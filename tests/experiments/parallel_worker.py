@@ -11,7 +11,8 @@ start-up once for many runs:
         line): a hang fails the launch in T seconds, not at the test's timeout. A job that ends the process
         itself (a rank stuck for good, ended by the suite's stop deadline) must be the launch's last)
     {"kind": "grads", "scheme": S, "dp": d, "tp": t}  one forward/backward of a tiny LM sharded on a (d, t) mesh
-     (+ "experts": E: an MoE trunk, experts split over the d ranks, or over groups of "ep": P of them;
+     (+ "experts": E: an MoE trunk, experts split over the d ranks, or over groups of "ep": P of them, or with
+        "split": false not split (FSDP2-sharded as every other parameter);
         "kv_heads": K: grouped-query attention, 4 query heads over K key/value heads;
         "steps": S: S AdamW steps, the result [first step's, largest gradient difference, loss difference, graphs
         compiled];
@@ -67,15 +68,17 @@ def grad_difference(
     compile: str = "",
     checkpointing: bool = False,
     ddp: bool = False,
+    split: bool = True,
 ) -> float | list[float]:
     """Largest ``|g_sharded - g| / max|g|`` over the parameters; the loss is asymmetric in the batch rows.
     With ``experts``, an MoE trunk whose experts are split over the ``dp`` ranks (expert parallelism), or over groups
-    of ``ep`` of them (each expert FSDP2-sharded over the dp / ep groups); with ``kv_heads``, grouped-query attention
-    (its packed qkv compared in the plain layout); with ``compile`` (a backend), the sharded network's Blocks
-    compiled (the reference stays eager); ``checkpointing``: activation checkpointing on both; ``ddp``: torch's
-    DistributedDataParallel over the ``dp`` ranks instead of the mesh. With ``steps``: that many AdamW steps on a new
-    batch each, both networks stepping on their own gradients, and ``[the first step's gradient difference, the
-    largest over the steps, the largest relative loss difference]`` (the sharded loss summed over the ranks)."""
+    of ``ep`` of them (each expert FSDP2-sharded over the dp / ep groups), or not split (``split`` off); with
+    ``kv_heads``, grouped-query attention (its packed qkv compared in the plain layout); with ``compile`` (a
+    backend), the sharded network's Blocks compiled (the reference stays eager); ``checkpointing``: activation
+    checkpointing on both; ``ddp``: torch's DistributedDataParallel over the ``dp`` ranks instead of the mesh. With
+    ``steps``: that many AdamW steps on a new batch each, both networks stepping on their own gradients, and ``[the
+    first step's gradient difference, the largest over the steps, the largest relative loss difference]`` (the
+    sharded loss summed over the ranks)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
@@ -87,7 +90,7 @@ def grad_difference(
         return (logits.float().square() * w).sum() / (4 * logits.shape[1] * logits.shape[2])
 
     config = ParallelConfig(
-        expert_parallel=bool(experts) and not ep, expert_parallel_size=ep, compile=bool(compile),
+        expert_parallel=bool(experts) and split and not ep, expert_parallel_size=ep, compile=bool(compile),
         compile_backend=compile or "inductor",
     )  # fmt: skip
     mesh = None if ddp else init_device_mesh("cpu", (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
