@@ -178,3 +178,13 @@ def test_the_spread_check_counts_cells_of_two_seeds():
     a = analyse(data, "pre", "val/loss", 0.02)
     groups = [[data[s][k] - data["pre"][k] for k in (1, 2)] for s in "abc"]
     assert a.spread_p == pytest.approx(scipy_stats.levene(*groups, center="median").pvalue, rel=1e-12)
+
+
+def test_a_difference_of_exactly_one_is_decided_like_any_other():
+    """The block model's contrast is exactly 1.0 here (binary fractions); one contrast: p is ttest_rel's."""
+    pre = {1: 1.0, 2: 2.0, 3: 4.0}
+    x = {1: 2.0625, 2: 2.9375, 3: 5.0}
+    p = scipy_stats.ttest_rel(list(x.values()), list(pre.values())).pvalue
+    for metric, word in (("val/loss", "worse"), ("test/acc1", "better")):
+        v = analyse({"pre": pre, "x": x}, "pre", metric, None).verdicts["x"]
+        assert (v.word, v.difference) == (word, 1.0) and v.p == pytest.approx(p, rel=1e-9)
