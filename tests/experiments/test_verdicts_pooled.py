@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from experiments.results.verdicts import DUNNETT, analyse, clear_caches
+from experiments.results.sequential import look_thresholds
+from experiments.results.verdicts import DUNNETT, analyse, analyse_at_look, clear_caches
 from tests.experiments.test_verdicts import _slice
 from tests.experiments.test_verdicts_fallback import same
 
@@ -188,3 +189,19 @@ def test_a_difference_of_exactly_one_is_decided_like_any_other():
     for metric, word in (("val/loss", "worse"), ("test/acc1", "better")):
         v = analyse({"pre": pre, "x": x}, "pre", metric, None).verdicts["x"]
         assert (v.word, v.difference) == (word, 1.0) and v.p == pytest.approx(p, rel=1e-9)
+
+
+def test_a_look_of_a_staged_sweep_reads_the_slice_at_that_looks_levels():
+    """Lan-DeMets O'Brien-Fleming at information 1/3, 2/3, 1 (alpha 0.05; the published levels that
+    test_sequential_compute pins): look 1 two-sided 0.000687, TOST 0.002193; look 3 two-sided 0.04388."""
+    data, fractions = slice_p(), [1 / 3, 2 / 3, 1.0]
+    first = analyse_at_look(data, "pre", "val/loss", 0.02, 1, fractions, sensitivity=False).verdicts
+    assert first["good"].threshold == pytest.approx(0.000687, abs=2e-6)
+    assert (first["good"].word, first["same"].word, first["near"].word) == ("better", "equivalent", "undecided")
+    last = analyse_at_look(data, "pre", "val/loss", 0.02, 3, fractions)
+    assert last.verdicts["near"].threshold == pytest.approx(0.04388, abs=2e-5)
+    assert last.verdicts["near"].word == "undecided" and last.verdicts["near"].needed == P_NEAR_NEEDED  # p 0.0499
+    assert last == analyse(data, "pre", "val/loss", 0.02, thresholds=look_thresholds(3, fractions, 0.05))
+    loose = analyse_at_look(data, "pre", "val/loss", 0.02, 3, fractions, alpha=0.1).verdicts["near"]
+    assert loose.word == "worse" and loose.threshold == pytest.approx(look_thresholds(3, fractions, 0.1)[0])
+    assert (first["near"].needed, first["near"].detectable) == (None, None)
