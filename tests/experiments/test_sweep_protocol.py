@@ -190,14 +190,21 @@ def test_bad_protocols_are_one_line_before_anything_runs(tmp_path, monkeypatch, 
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_shipped_lr_robustness_sweep(monkeypatch, capsys):
-    """Loaded and planned, never run here (hours of CPU): 6 schemes x >= 6 log-spaced rates from 1e-3 to 1e-1."""
+def test_the_shipped_lr_robustness_sweep(tmp_path, monkeypatch, capsys):
+    """Loaded and planned, never run here (hours of CPU): 6 schemes x >= 6 log-spaced rates from 1e-3 to 1e-1, then
+    the fresh seeds and the baseline's longer runs. Planned into an empty runs root: a sweep of it already on this
+    machine (runs/lm/lr-robustness, with its picks) would plan its fresh and longer runs as known rows."""
     monkeypatch.chdir(ROOT)
     spec = sweep.SweepSpec.load("configs/sweeps/lr-robustness.yaml")
     assert spec.schemes == ["pre", "post", "deepnorm", "hybrid", "siamese", "siamese_hybrid"]
     lrs = spec.protocol["lrs"]
     assert len(lrs) >= 6 and lrs[0] == 1e-3 and lrs[-1] == 1e-1 and spec.baseline == "pre"
-    assert suite_main(["sweep", "configs/sweeps/lr-robustness.yaml", "--dry-run", "--no-memory"]) in (0, None)
+    shipped = yaml.safe_load((ROOT / "configs/sweeps/lr-robustness.yaml").read_text())
+    copy = tmp_path / "lr-robustness.yaml"
+    copy.write_text(yaml.safe_dump({**shipped, "runs_root": str(tmp_path / "runs")}))
+    assert suite_main(["sweep", str(copy), "--dry-run", "--no-memory"]) in (0, None)
     out = capsys.readouterr().out
-    tuning = 6 * len(lrs) * len(spec.protocol["tuning_seeds"])
-    assert f"grid: {tuning} runs" in out and f"then: {6 * len(spec.protocol['fresh_seeds'])} fresh runs" in out
+    tuning, fresh = 6 * len(lrs) * len(spec.protocol["tuning_seeds"]), len(spec.protocol["fresh_seeds"])
+    assert f"grid: {tuning} runs" in out and f"then: {6 * fresh} fresh runs" in out, out
+    assert f"then: {3 * fresh} longer runs of the baseline pre" in out, out  # compute_multiples: 1.25, 1.5, 2
+    assert not (tmp_path / "runs").exists()
