@@ -23,15 +23,19 @@ def _params(device: str, scale: float) -> list[torch.nn.Parameter]:
     return params
 
 
-@pytest.mark.parametrize("scale", [0.01, 10.0], ids=["below", "clipped"])
-def test_clipping_equals_torch_and_reads_nothing_on_the_host(scale: float):
+# "eps": a norm of ~1e-6 against max_norm 1e-6, where torch's eps (1e-6 in norm + eps) sets a third of the factor:
+# a sign or a placement of eps that differs from torch's changes the clipped gradients by far more than rtol
+@pytest.mark.parametrize(("scale", "max_norm"), [(0.01, 1.0), (10.0, 1.0), (3e-7, 1e-6)],
+                         ids=["below", "clipped", "eps"])  # fmt: skip
+def test_clipping_equals_torch_and_reads_nothing_on_the_host(scale: float, max_norm: float):
     ours, theirs = _params("cpu", scale), _params("cpu", scale)
-    norm = clip_grad_norm(ours, max_norm=1.0)
-    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm=1.0)
+    norm = clip_grad_norm(ours, max_norm=max_norm)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm=max_norm)
+    assert (scale < 1 and max_norm == 1.0) or float(expected) > max_norm  # the clipped cases really clip
     torch.testing.assert_close(norm, expected)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
-    if scale < 1:  # below max_norm: multiplied by exactly 1
+    if max_norm == 1.0 and scale < 1:  # below max_norm: multiplied by exactly 1
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, _params("cpu", scale), strict=True))
     meta = _params("meta", scale)  # float() / .cpu() of a meta tensor raises: the old clipping read the norm
     assert clip_grad_norm(meta, max_norm=1.0).device.type == "meta"
