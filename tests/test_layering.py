@@ -83,12 +83,17 @@ def test_package_imports_stay_in_their_layer(package):
 
 @pytest.mark.slow
 def test_importing_models_loads_no_lightning():
+    # experiments.parallel too: the plain-PyTorch half of scale-out, which the gradient-only worker processes of
+    # tests/experiments/test_parallel.py import (Lightning would add ~3 s to each of their start-ups)
     code = (
         "import sys, pkgutil, importlib, models\n"
         "for m in pkgutil.walk_packages(models.__path__, 'models.'):\n"
         "    importlib.import_module(m.name)\n"
         "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('lightning', 'pytorch_lightning'))\n"
         "assert not bad, bad[:5]\n"
+        "import experiments.parallel\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('lightning', 'pytorch_lightning'))\n"
+        "assert not bad, ('experiments.parallel', bad[:5])\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr.strip().splitlines()[-1:]

@@ -34,7 +34,6 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -72,6 +71,8 @@ def compile_blocks(trunk: nn.Module, config: ParallelConfig) -> bool:
     cfg = getattr(trunk, "cfg", None)
     checkpointing = bool(getattr(cfg, "activation_checkpointing", False))
     if split and checkpointing:
+        from lightning.pytorch.utilities import rank_zero_warn  # here: plain gradient code does not load Lightning
+
         rank_zero_warn(
             "parallel.compile with expert parallelism and activation checkpointing: the MoE Blocks run eagerly (the "
             "expert exchange is a graph break inside the compiled checkpoint, which cannot hold one)"
