@@ -39,7 +39,7 @@ from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 from scipy import stats as scipy_stats
 from scipy.optimize import brentq
-from scipy.special import ndtr
+from scipy.special import erf
 
 QUADRATURE_POINTS = 96  # per axis of the equicorrelated integral: |error| about 2e-6
 MVT_SEED = 12345  # the quasi-Monte Carlo of the unequal-correlation case: fixed, so tables are reproducible
@@ -175,10 +175,15 @@ def equicorrelated_max_t_cdf(c, m: int, df: float, rho: float = 0.5):
     values = np.atleast_1d(np.asarray(c, dtype=np.float64))
     z, wz, s, wu = _nodes(float(df))
     z, wz = z[z > 0], 2 * wz[z > 0]  # the integrand is even in z and the Hermite nodes come in +- pairs: half the work
-    a, b = math.sqrt(rho), math.sqrt(1 - rho)
-    cs = values[:, None, None] * s[None, :, None]
-    inner = ndtr((cs - a * z) / b) - ndtr((-cs - a * z) / b)
-    out = np.clip(np.einsum("kij,i,j->k", inner**m, wu, wz), 0.0, 1.0)
+    # Phi((cs - a z) / b) - Phi((-cs - a z) / b) = (erf(x - y) + erf(x + y)) / 2, x = cs / (b sqrt 2), y = a z / (b sqrt 2):
+    # erf is about twice as fast as ndtr, and values below 1e-15 (whose m-th power would be a slow subnormal
+    # underflow) are set to 0; both change the integral by less than 1e-14
+    k = 1.0 / math.sqrt(2.0 * (1.0 - rho))
+    x = (values[:, None] * (k * s)[None, :])[:, :, None]
+    y = (k * math.sqrt(rho)) * z
+    inner = 0.5 * (erf(x - y) + erf(x + y))
+    inner[inner < 1e-15] = 0.0
+    out = np.clip(((inner**m) @ wz) @ wu, 0.0, 1.0)
     out[values <= 0] = 0.0
     return float(out[0]) if np.ndim(c) == 0 else out
 
