@@ -175,9 +175,9 @@ def equicorrelated_max_t_cdf(c, m: int, df: float, rho: float = 0.5):
     values = np.atleast_1d(np.asarray(c, dtype=np.float64))
     z, wz, s, wu = _nodes(float(df))
     z, wz = z[z > 0], 2 * wz[z > 0]  # the integrand is even in z and the Hermite nodes come in +- pairs: half the work
-    # Phi((cs - a z) / b) - Phi((-cs - a z) / b) = (erf(x - y) + erf(x + y)) / 2, x = cs / (b sqrt 2), y = a z / (b sqrt 2):
-    # erf is about twice as fast as ndtr, and values below 1e-15 (whose m-th power would be a slow subnormal
-    # underflow) are set to 0; both change the integral by less than 1e-14
+    # Phi((cs - a z) / b) - Phi((-cs - a z) / b) = (erf(x - y) + erf(x + y)) / 2 with x = cs / (b sqrt 2) and
+    # y = a z / (b sqrt 2): erf is about twice as fast as ndtr, and values below 1e-15 (whose m-th power would be
+    # a slow subnormal underflow) are set to 0; both change the integral by less than 1e-14
     k = 1.0 / math.sqrt(2.0 * (1.0 - rho))
     x = (values[:, None] * (k * s)[None, :])[:, :, None]
     y = (k * math.sqrt(rho)) * z
