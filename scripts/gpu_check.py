@@ -221,12 +221,12 @@ def fsdp_fit_section(args, out: Path, smoke: bool) -> tuple[list[str], list[Targ
               "--trainer.val_check_interval=10", "--trainer.num_sanity_val_steps=0", "--summary.log_every_n_steps=1",
               "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
               "--model.init_args.optim.warmup_steps=10", "--run_name=run"]  # fmt: skip
-    if smoke:
-        common += TINY_LM_SMOKE
+    if smoke:  # and a validation split of 0.5 % (81 batches): the whole-split pass is what is checked, not its size
+        common += [*TINY_LM_SMOKE, "--data.init_args.val_fraction=0.005"]
     fsdp2 = ["-c", str(ROOT / "configs/trainer/fsdp2.yaml"), "--trainer.strategy.data_parallel_size=1"]
     env = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
     curves, whole = {}, {}
-    no_final = "--final_validation.enabled=false"  # the whole-split pass (809 batches in the smoke run): once only
+    no_final = "--final_validation.enabled=false"  # the whole-split pass (thousands of batches on a GPU): once only
     for name, extra in (("plain", []), ("fsdp2", fsdp2)):
         runs = out / f"fsdp2-{name}"
         experiments_main([*common, *extra, f"--runs_root={runs}", "--trainer.max_steps=10", no_final])
