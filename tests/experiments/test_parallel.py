@@ -1,16 +1,17 @@
 """Scale-out on CPU processes (gloo) through the real CLI and Trainer: FSDP2, tensor / sequence parallelism, expert
 parallelism and sharded checkpoints, each held to one process running the same global batch.
 
-Three launches of tests/experiments/parallel_worker.py share the cost of starting processes over every check:
+Two launches of tests/experiments/parallel_worker.py share the cost of starting processes over every check; the
+one-rank runs (ModelParallelStrategy on one process) run in the test's own process, before and after them:
 
-    world 1   part run C (ModelParallelStrategy on one process, 4 steps); the DiT on one process
+    one rank  part run C (4 steps); the DiT on one process
     world 2   gradient checks: 5 schemes x FSDP2 / TP, grouped-query attention (2 key/value heads of 4) under
               both, and the MoE with its experts split over the ranks;
               fits: FSDP2 and TP for pre, TP for siamese; TP killed by SIGTERM -> resumed (against the
               uninterrupted TP run);
               C resumed on 2 (1 -> 2); part run A (FSDP2); ViT and DiT under FSDP2 beside DDP, DiT under TP;
               the MoE with and without expert parallelism; a global batch of 8 as 2 ranks x 2 micro-batches of 2
-    world 1   A resumed on one process (2 -> 1)
+    one rank  A resumed on one process (2 -> 1)
     world 4   gradient jobs alone: expert parallelism in 2 groups of 2 ranks, eager and compiled
 
 The world-2 launch also runs a few AdamW steps of compiled training (aot_eager) under FSDP2 with activation
@@ -205,6 +206,23 @@ def fit(argv: list[str]) -> dict:
     return {"kind": "fit", "argv": argv}
 
 
+def one_rank(argv: list[str]) -> None:
+    """A fit under ModelParallelStrategy on one process, in this process (no start-up to pay, as
+    scripts/gpu_check.py does): the one-rank process group it creates is destroyed after it, and the distributed
+    environment variables Lightning set for it are restored."""
+    import torch.distributed as dist
+
+    names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        main(argv)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
+
 def curve(runs: Path) -> list[float]:
     (summary,) = runs.rglob("summary.json")
     return [value for _, value in json.loads(summary.read_text())["train_curve"]]
@@ -245,11 +263,8 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
         "dit_one", "dit_part", "denied", "nan", "split", "held", "held_val", "stuck", "launch", "accum")}  # fmt: skip
     main(lm(r["one"], corpus, 8, STEPS, "pre", *DIAG))  # one process, batch 8, the default strategy
     main(lm(r["one_siamese"], corpus, 8, PART, "siamese"))
-    one = [
-        fit(lm(r["part_c"], corpus, 8, PART, "pre", *strategy(1, 1))),
-        fit(images(DIT, r["dit_one"], 8, 2, *strategy(1, 1))),
-    ]
-    launch(one, r["launch"] / "c", world=1)
+    one_rank(lm(r["part_c"], corpus, 8, PART, "pre", *strategy(1, 1)))
+    one_rank(images(DIT, r["dit_one"], 8, 2, *strategy(1, 1)))
     grads = [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp} for s in SCHEMES for dp, tp in MESHES]
     grads += [{"kind": "grads", "scheme": s, "dp": 2, "tp": 1, "experts": 4} for s in ("pre", "siamese")]
     grads += [{"kind": "grads", "scheme": s, "dp": dp, "tp": tp, "kv_heads": 2} for s in GQA for dp, tp in MESHES]
@@ -305,8 +320,7 @@ def _run_everything(root: Path, corpus: tuple[Path, Path]) -> dict:
     ]
     results = launch(jobs, r["launch"] / "two", world=2, exits=(SIGTERM_EXIT,))
     four = launch(list(FOUR.values()), r["launch"] / "four", world=4)  # expert parallelism inside "a node" of 2
-    launch([fit(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))],  # 2 -> 1
-           r["launch"] / "a", world=1)  # fmt: skip
+    one_rank(lm(r["part_a"], corpus, 8, STEPS, "pre", *strategy(1, 1), *ELSEWHERE))  # 2 -> 1
     keys = [(g["scheme"], g["dp"], g["tp"], g.get("experts", 0), g.get("kv_heads", 0)) for g in grads]
     r["grads"] = dict(zip(keys, results[0][: len(grads)], strict=True))
     stepped = results[0][len(grads) : len(grads) + len(STEPPED)]
