@@ -46,8 +46,6 @@ from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 from tqdm import tqdm
 
-from datamodules.images.embedded import UInt8ImageDataset, load_embedded_images, resize_uint8
-from datamodules.images.folder import SkipBrokenImages
 from datamodules.latents.cache import (
     META_FILE,
     SHARD_KEYS,
@@ -58,8 +56,10 @@ from datamodules.latents.cache import (
 )
 from fileio import InputError, atomic_write_json, output_dir
 from fileio.locks import claim_output, unlock
-from models.vae import load_vae
 
+# LAZY: the VAE (diffusers) and the image DataModules (Lightning) are imported where they are used, after --out's
+# lock is taken and the arguments checked: a command refused (a cache in use, a bad value) ends in a second or two
+# instead of after the seconds those imports take.
 # Settings a rerun must share with an existing cache for it to be reused.
 IDENTITY_KEYS = ("vae_path", "vae_sha256", "scaling_factor", "shift_factor", "source", "source_name", "image_size",
                  "count", "flip", "sample", "dtype", "shard_size", "seed")  # fmt: skip
@@ -84,6 +84,8 @@ def embedded_source(image_size: int, limit: int | None = None) -> tuple[Dataset,
 
     The images are resized once, as `EmbeddedImageDataModule` does, so the VAE sees what it trained on.
     """
+    from datamodules.images.embedded import UInt8ImageDataset, load_embedded_images, resize_uint8  # see LAZY
+
     train = load_embedded_images("train")
     images = torch.from_numpy(np.ascontiguousarray(train.images[:limit])).unsqueeze(1)  # (N, 1, H, W)
     labels = torch.from_numpy(train.labels[:limit])
@@ -95,6 +97,8 @@ def image_folder_source(root: str, image_size: int) -> tuple[Dataset, list[str],
     """(dataset of uint8 (3, S, S) center crops and labels, class names, absolute root) of an ImageFolder."""
     if not Path(root).is_dir():
         raise FileNotFoundError(f"--image-folder {root!r} is not a directory of class directories")
+    from datamodules.images.folder import SkipBrokenImages  # see LAZY
+
     crop = functools.partial(center_crop_arr, image_size=image_size)  # picklable for worker processes
     folder = ImageFolder(root, transform=v2.Compose([crop, v2.PILToTensor()]))
     return SkipBrokenImages(folder), list(folder.classes), str(Path(root).resolve())
@@ -338,6 +342,8 @@ def encode(args: argparse.Namespace) -> int:
 
 def encode_locked(args: argparse.Namespace, out: Path) -> int:
     """:func:`encode` once this process holds ``--out``'s lock."""
+    from models.vae import load_vae  # see LAZY
+
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     vae = load_vae(args.vae).to(device).eval()
     dataset, meta = build_meta(args, vae)
