@@ -69,8 +69,8 @@ def test_fid_of_same_size_folders_is_torch_fidelitys(weights: str, tmp_path: Pat
     the resize happens before any tap, and the 2048-d FID's eigenproblem would cost seconds per number."""
     import torch_fidelity
 
-    a = write_folder(tmp_path / "a", 6, 40, seed=1)
-    b = write_folder(tmp_path / "b", 6, 40, seed=2, shift=30)
+    a = write_folder(tmp_path / "a", 4, 40, seed=1)
+    b = write_folder(tmp_path / "b", 4, 40, seed=2, shift=30)
     theirs = torch_fidelity.calculate_metrics(
         input1=str(b), input2=str(a), fid=True, feature_extractor_weights_path=weights, cuda=False, cache=False,
         verbose=False, save_cpu_ram=True, feature_layer_fid="768",
