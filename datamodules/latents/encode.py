@@ -60,6 +60,7 @@ from fileio.locks import claim_output, unlock
 # LAZY: the VAE (diffusers) and the image DataModules (Lightning) are imported where they are used, after --out's
 # lock is taken and the arguments checked: a command refused (a cache in use, a bad value) ends in a second or two
 # instead of after the seconds those imports take.
+
 # Settings a rerun must share with an existing cache for it to be reused.
 IDENTITY_KEYS = ("vae_path", "vae_sha256", "scaling_factor", "shift_factor", "source", "source_name", "image_size",
                  "count", "flip", "sample", "dtype", "shard_size", "seed")  # fmt: skip

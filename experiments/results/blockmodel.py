@@ -178,6 +178,10 @@ def equicorrelated_max_t_cdf(c, m: int, df: float, rho: float = 0.5):
     # Phi((cs - a z) / b) - Phi((-cs - a z) / b) = (erf(x - y) + erf(x + y)) / 2 with x = cs / (b sqrt 2) and
     # y = a z / (b sqrt 2): erf is about twice as fast as ndtr, and values below 1e-15 (whose m-th power would be
     # a slow subnormal underflow) are set to 0; both change the integral by less than 1e-14
+    if rho >= 1.0:  # perfectly correlated: max_i |T_i| = |T|, exactly (the quadrature below would divide by 0)
+        out = 1.0 - 2.0 * stdtr(df, -values)
+        out[values <= 0] = 0.0
+        return float(out[0]) if np.ndim(c) == 0 else out
     k = 1.0 / math.sqrt(2.0 * (1.0 - rho))
     x = (values[:, None] * (k * s)[None, :])[:, :, None]
     y = (k * math.sqrt(rho)) * z

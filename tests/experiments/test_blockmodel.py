@@ -107,6 +107,15 @@ def test_dunnett_equals_scipys_on_independent_groups(sizes):
     np.testing.assert_allclose(dunnett_p_values(t, corr, total - k), ref, atol=5e-4)
 
 
+def test_perfectly_correlated_contrasts_are_one_t_statistic():
+    """rho = 1: max_i |T_i| is one |T|, whatever m: scipy's t distribution, at finite and infinite df."""
+    c = np.array([0.0, 0.5, 1.5, 2.5, 4.0])
+    for df in (3.0, 20.0, math.inf):
+        expected = scipy_stats.t.cdf(c, df) - scipy_stats.t.cdf(-c, df)
+        np.testing.assert_allclose(equicorrelated_max_t_cdf(c, 5, df, rho=1.0), expected, rtol=1e-12, atol=0)
+    assert equicorrelated_max_t_cdf(2.0, 3, 10.0, rho=1.0) == pytest.approx(1 - 2 * scipy_stats.t.sf(2.0, 10.0))
+
+
 def test_equicorrelated_quadrature_equals_scipys_multivariate_t():
     m, df, c = 6, 20, 2.4
     corr = np.full((m, m), 0.5) + 0.5 * np.eye(m)
