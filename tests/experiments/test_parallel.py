@@ -48,6 +48,7 @@ from experiments.reliability.safe_load import checkpoint_problem, load_checkpoin
 from experiments.reliability.sharded import CACHE
 from models import TrunkConfig
 from models.trunk import Trunk
+from tests.conftest import DIST_ENV
 from tests.experiments.rank_draws import draws
 from tests.experiments.tiny import tiny_lm
 
@@ -218,8 +219,7 @@ def one_rank(argv: list[str]) -> None:
     environment variables Lightning set for it are restored."""
     import torch.distributed as dist
 
-    names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
-    saved = {name: os.environ.get(name) for name in names}
+    saved = {name: os.environ.get(name) for name in DIST_ENV}  # the rendezvous variables the suite's guard checks
     try:
         main(argv)
     finally:
